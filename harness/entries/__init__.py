@@ -1,0 +1,1 @@
+"""One module per validated entry; each registers itself with :mod:`harness.registry`."""

@@ -1,0 +1,81 @@
+"""Deterministic fixture pieces shared by entries.
+
+Every random draw comes from :func:`generator` keyed by the case seed and a tag, so a
+fixture is reproducible piece by piece and adding a tensor never shifts another's values.
+Output buffers start as a sentinel so a missing write is caught; block tables are
+nonidentity permutations so an index slip reads the wrong page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+SENTINEL = 13.0  # value of unwritten output rows (the reference harness uses 13.0 too)
+
+
+def generator(seed: int, *tags: object) -> torch.Generator:
+    """A torch generator seeded from ``seed`` and ``tags`` through sha256 (stable across runs)."""
+    text = "/".join([str(seed), *map(str, tags)]).encode()
+    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
+
+
+def randn(shape, seed: int, tag: str, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    """Normal draws in FP32 scaled by ``scale``, then cast once to ``dtype``."""
+    return (torch.randn(*shape, generator=generator(seed, tag)) * scale).to(dtype)
+
+
+def uniform(shape, seed: int, tag: str, low: float, high: float,
+            dtype=torch.float32) -> torch.Tensor:
+    g = generator(seed, tag)
+    return (torch.rand(*shape, generator=g) * (high - low) + low).to(dtype)
+
+
+def sentinel(shape, dtype=torch.bfloat16, value: float = SENTINEL) -> torch.Tensor:
+    """An output buffer every element of which holds the sentinel."""
+    return torch.full(tuple(shape), value, dtype=dtype)
+
+
+def nonidentity_permutation(n: int, seed: int, tag: str) -> torch.Tensor:
+    """A random permutation of ``range(n)`` that is not the identity (for n > 1)."""
+    perm = torch.randperm(n, generator=generator(seed, tag))
+    if n > 1 and torch.equal(perm, torch.arange(n)):
+        perm = perm.roll(1)
+    return perm
+
+
+def block_table(pages_per_request: list[int], num_blocks: int, seed: int, tag: str,
+                width: int | None = None) -> torch.Tensor:
+    """INT32 [B, width] page table: distinct physical pages drawn from a nonidentity
+    permutation of ``num_blocks``; unused columns are -1."""
+    need = sum(pages_per_request)
+    if need > num_blocks:
+        raise ValueError(f"num_blocks: {num_blocks} < pages needed {need}")
+    width = max(pages_per_request, default=0) if width is None else width
+    perm = nonidentity_permutation(num_blocks, seed, tag)
+    table = torch.full((len(pages_per_request), max(width, 1)), -1, dtype=torch.int32)
+    at = 0
+    for r, n in enumerate(pages_per_request):
+        table[r, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return table
+
+
+def split_lengths(total: int, requests: int, seed: int, tag: str,
+                  allow_empty: bool = False) -> list[int]:
+    """Random composition of ``total`` rows into ``requests`` lengths (each >= 1 unless
+    ``allow_empty``), deterministic in the seed."""
+    if requests < 1:
+        raise ValueError(f"requests: {requests} must be >= 1")
+    floor = 0 if allow_empty else 1
+    if total < floor * requests:
+        raise ValueError(f"total: {total} rows cannot fill {requests} requests of >= {floor}")
+    g = generator(seed, tag)
+    cuts = torch.randint(0, total - floor * requests + 1, (requests - 1,), generator=g).sort().values
+    edges = [0, *cuts.tolist(), total - floor * requests]
+    return [edges[i + 1] - edges[i] + floor for i in range(requests)]
+
+
+def clone_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in tensors.items()}

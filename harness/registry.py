@@ -1,0 +1,97 @@
+"""The entry registry: every validated operator is one :class:`Entry` record.
+
+An entry is data: what its axes accept (:class:`~harness.case.Support`), its default CI
+matrix, a deterministic fixture builder, its golden, its system under test per platform,
+and its comparison (which also encodes its cache-ownership map).  The runner, report,
+save/replay, pytest parametrization and the queue runner are generic over entries:
+adding a mode is adding one entry module under ``harness/entries/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from goldens.config import V41Config
+from harness.case import Case, Support
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class SutOutput:
+    """What a system under test produced: outputs by name and one cost record per launch
+    (``{"rank", "aicore_e2e_us", "total_cycles"}``; empty when the platform has none)."""
+
+    outputs: Tensors
+    costs: list[dict] = field(default_factory=list)
+
+
+# (platform object, config, case, inputs) -> SutOutput; inputs are the SUT's own copies
+SutFn = Callable[[object, V41Config, Case, Tensors], SutOutput]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One validated operator.
+
+    ``build_inputs(config, case)`` is deterministic in ``case.seed`` and returns every
+    tensor the operator reads or writes (output buffers pre-filled with a sentinel).
+    ``golden(config, case, inputs)`` returns the reference outputs (and updated caches).
+    ``compare(config, case, inputs, golden, actual)`` returns verdicts.
+    ``kernels`` maps a platform name to the kernel path; ``alternate`` is a second path
+    through the goldens that serves (and is labelled as such) where no kernel exists yet.
+    """
+
+    name: str
+    description: str
+    support: Support
+    matrix: tuple[Case, ...]
+    build_inputs: Callable[[V41Config, Case], Tensors]
+    golden: Callable[[V41Config, Case, Tensors], Tensors]
+    compare: Callable[[V41Config, Case, Tensors, Tensors, Tensors], list]
+    kernels: dict[str, SutFn] = field(default_factory=dict)
+    alternate: SutFn | None = None
+    alternate_label: str = ""
+    slow_cases: tuple[Case, ...] = ()  # FLASH-shape cases, run under the `slow` marker
+
+    def sut_for(self, platform: str) -> tuple[str, SutFn | None]:
+        """(label, function) of the system under test on ``platform``."""
+        if platform in self.kernels:
+            return f"kernel:{self.name}", self.kernels[platform]
+        if self.alternate is not None:
+            return f"golden-alt:{self.alternate_label or self.name}", self.alternate
+        return "none", None
+
+
+_ENTRIES: dict[str, Entry] = {}
+
+
+def register(entry: Entry) -> Entry:
+    if entry.name in _ENTRIES and _ENTRIES[entry.name] is not entry:
+        raise ValueError(f"entry: {entry.name!r} is registered twice")
+    _ENTRIES[entry.name] = entry
+    return entry
+
+
+def _load_all() -> None:
+    import harness.entries as pkg
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"harness.entries.{mod.name}")
+
+
+def entries() -> dict[str, Entry]:
+    """All registered entries, by name (entry modules are imported on first use)."""
+    _load_all()
+    return dict(sorted(_ENTRIES.items()))
+
+
+def get(name: str) -> Entry:
+    all_entries = entries()
+    if name not in all_entries:
+        raise KeyError(f"entry: {name!r} is not registered (known: {', '.join(all_entries)})")
+    return all_entries[name]

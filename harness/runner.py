@@ -1,0 +1,90 @@
+"""Run one case: fixture, system under test, golden, comparison, optional save.
+
+The system under test runs before the golden (on its own copies of the inputs) so a
+reference buffer can never hand the kernel its answer.  Any exception in the SUT becomes
+an ``error`` result with its message; an unavailable platform becomes ``skip`` with the
+platform's reason; a missing SUT is ``skip`` naming what is missing, never a pass.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from harness import registry
+from harness.case import Case, CaseError, validate_case
+from harness.fixtures import clone_tensors
+from harness.verdict import Verdict, all_passed
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    sut: str
+    status: str  # pass | fail | skip | error
+    verdicts: list[Verdict] = field(default_factory=list)
+    costs: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    reason: str = ""
+    data_dir: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def estimated_a5_us(self) -> float | None:
+        """Largest per-rank AICore end-to-end estimate of the cost model, if any."""
+        times = [c["aicore_e2e_us"] for c in self.costs if c.get("aicore_e2e_us") is not None]
+        return max(times) if times else None
+
+    def failure_text(self) -> str:
+        if self.status in ("skip", "error"):
+            return f"{self.case.case_id}: {self.status}: {self.reason}"
+        bad = [v.line() for v in self.verdicts if not v.passed]
+        return "\n".join([f"{self.case.case_id}: {len(bad)} failing checks", *bad])
+
+
+def load_platform(name: str):
+    """The platform object for ``name`` (``harness.platforms.get_platform``)."""
+    from harness.platforms import get_platform
+    return get_platform(name)
+
+
+def run_case(case: Case, *, save_root: str | None = None, cards_available: int | None = None,
+             platform=None) -> CaseResult:
+    """Run ``case`` end to end and return its result (never raises for SUT failures)."""
+    entry = registry.get(case.entry)
+    validate_case(case, entry.support, cards_available)
+    start = time.perf_counter()
+    label, sut = entry.sut_for(case.platform)
+    if sut is None:
+        return CaseResult(case, label, "skip",
+                          reason=f"no kernel for platform {case.platform} and no alternate path")
+    if label.startswith("kernel:"):
+        platform = platform or load_platform(case.platform)
+        ok, why = platform.available()
+        if not ok:
+            return CaseResult(case, label, "skip", reason=why)
+    cfg = case.config
+    inputs = entry.build_inputs(cfg, case)
+    try:
+        produced = sut(platform, cfg, case, clone_tensors(inputs))
+    except (CaseError, ValueError) as err:
+        return CaseResult(case, label, "error", reason=f"{type(err).__name__}: {err}",
+                          seconds=time.perf_counter() - start)
+    except Exception as err:  # noqa: BLE001 - any SUT crash is this case's failure
+        tb = traceback.format_exc(limit=3)
+        return CaseResult(case, label, "error", reason=f"{type(err).__name__}: {err}\n{tb}",
+                          seconds=time.perf_counter() - start)
+    golden = entry.golden(cfg, case, clone_tensors(inputs))
+    verdicts = entry.compare(cfg, case, inputs, golden, produced.outputs)
+    if not verdicts:
+        raise RuntimeError(f"entry {entry.name}: compare returned no verdicts (nothing checked)")
+    status = "pass" if all_passed(verdicts) else "fail"
+    result = CaseResult(case, label, status, verdicts, produced.costs,
+                        time.perf_counter() - start)
+    if save_root is not None:
+        from harness.data import save_case
+        result.data_dir = str(save_case(save_root, result, inputs, golden, produced.outputs))
+    return result
