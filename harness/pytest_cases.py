@@ -1,0 +1,46 @@
+"""Helpers for the thin pytest files in ``cases/``: parametrize an entry's matrix and run
+one case as a test.
+
+Node ids are the case ids (they name every axis); the axes tp, dp, ep, wiring and preset
+are separate parameters so ``--tp 4`` selection and the queue runner's card count read
+them.  FLASH-shape cases carry the ``slow`` marker.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import registry
+from harness.case import Case
+from harness.pytest_plugin import RunOptions
+from harness.runner import run_case
+
+ARGNAMES = "case,tp,dp,ep,wiring,preset"
+
+
+def entry_params(name: str) -> list:
+    """pytest params of entry ``name``'s default matrix plus its slow cases."""
+    entry = registry.get(name)
+    params = [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id)
+              for c in entry.matrix]
+    params += [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id,
+                            marks=pytest.mark.slow) for c in entry.slow_cases]
+    return params
+
+
+def check_case(case: Case, options: RunOptions) -> None:
+    """Run ``case`` on the selected platform; skip with the platform's reason, fail with
+    every failing verdict line."""
+    case = case.with_(platform=options.platform)
+    cards = None
+    if options.platform == "a5":
+        if options.devices is None:
+            pytest.fail("--device: the a5 platform needs the allocated card ids")
+        if len(options.devices) != case.cards:
+            pytest.fail(f"--device: {len(options.devices)} cards given, case needs {case.cards}")
+        cards = len(options.devices)
+    result = run_case(case, save_root=options.save_data, cards_available=cards)
+    if result.status == "skip":
+        pytest.skip(result.reason)
+    if result.status != "pass":
+        pytest.fail(result.failure_text(), pytrace=False)
