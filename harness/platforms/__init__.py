@@ -1,0 +1,34 @@
+"""Platforms that run v41 kernels: ``a5sim`` (CPU interpreter + A5 cost model) and ``a5``.
+
+Public API::
+
+    get_platform(name: str, **kwargs) -> Platform          # "a5sim" | "a5"
+    Platform.available() -> tuple[bool, str]
+    Platform.compile(kernel_spec: KernelSpec, config, case) -> Program
+    Platform.launch(program: Program, rank: int, tensors: Mapping[str, Tensor]) -> LaunchResult
+    Platform.close()                                         # also a context manager
+    LaunchResult: ok, outputs, cost (CostReport | None), timings, error, log_path, run_dir, rank
+
+Nothing here imports pypto: it is imported only inside launch workers, after
+:mod:`harness.platforms.pypto_env` has configured the process.
+"""
+
+from harness.platforms.base import (CostReport, KernelSpec, LaunchError, LaunchResult, Platform,
+                                    PlatformError, Program, TensorArg)
+
+PLATFORM_NAMES = ("a5sim", "a5")
+
+
+def get_platform(name: str, **kwargs) -> Platform:
+    """A new platform object for ``name``; ``kwargs`` go to its constructor."""
+    if name == "a5sim":
+        from harness.platforms.a5sim import A5SimPlatform
+        return A5SimPlatform(**kwargs)
+    if name == "a5":
+        from harness.platforms.a5 import A5Platform
+        return A5Platform(**kwargs)
+    raise PlatformError(f"platform: {name!r} is not one of {PLATFORM_NAMES}")
+
+
+__all__ = ["PLATFORM_NAMES", "CostReport", "KernelSpec", "LaunchError", "LaunchResult",
+           "Platform", "PlatformError", "Program", "TensorArg", "get_platform"]

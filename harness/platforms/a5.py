@@ -1,0 +1,76 @@
+"""``a5``: v41 kernels on Ascend A5 cards through pypto's NPU run mode.
+
+Each launch runs in a worker subprocess (as on ``a5sim``) that imports pypto from the
+DAV_3510 overlay with CANN's runtime (``ASCEND_HOME_PATH`` set), moves the tensors to
+``npu:<rank>``, calls the kernel with ``run_mode=NPU`` and copies the ``out`` / ``inout``
+tensors back.  No cost report: device timing belongs to a profiler.  Untested here: this
+machine has no card; :meth:`A5Platform.available` says why a launch cannot run.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from harness.platforms import pypto_env, worker
+from harness.platforms.base import LaunchResult, Platform, PlatformError, Program, check_tensors
+from harness.platforms.worker import encode_config
+
+
+class A5Platform(Platform):
+    name = "a5"
+
+    def __init__(self, run_root: Path | None = None, timeout_s: float | None = 1800.0):
+        self.timeout_s = timeout_s
+        self._run_root = Path(run_root) if run_root else None
+        self._owns_root = run_root is None
+        self._count = 0
+
+    def available(self) -> tuple[bool, str]:
+        if not os.environ.get("ASCEND_HOME_PATH"):
+            return False, "a5: no CANN runtime (ASCEND_HOME_PATH is not set)"
+        if importlib.util.find_spec("torch_npu") is None:
+            return False, "a5: torch_npu is not installed"
+        if not glob.glob("/dev/davinci[0-9]*"):
+            return False, "a5: no Ascend device (/dev/davinci* absent)"
+        return True, ""
+
+    @property
+    def run_root(self) -> Path:
+        if self._run_root is None:
+            self._run_root = pypto_env.make_run_dir(prefix="v41-a5-")
+        return self._run_root
+
+    def launch(self, program: Program, rank: int, tensors: Mapping[str, torch.Tensor]
+               ) -> LaunchResult:
+        ok, why = self.available()
+        if not ok:
+            raise PlatformError(why)
+        if program.platform != self.name:
+            raise PlatformError(f"program compiled for {program.platform}, not {self.name}")
+        check_tensors(program, tensors)
+        self._count += 1
+        job_dir = self.run_root / f"launch-{self._count:04d}-{program.spec.name}-rank{rank}"
+        job = {
+            "spec": program.spec.to_json(), "config": encode_config(program.config),
+            "case": program.case,
+            "args": [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "role": a.role}
+                     for a in program.args],
+            "arch": "a5", "run_mode": "npu", "rank": rank,
+        }
+        worker.write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
+        res = worker.run_job(job_dir, timeout=self.timeout_s)
+        outputs = worker.read_outputs(job_dir) if res.get("ok") else {}
+        return LaunchResult(ok=bool(res.get("ok")), outputs=outputs, cost=None,
+                            timings=res.get("timings", {}), error=res.get("error"),
+                            log_path=job_dir / worker.LOG, run_dir=job_dir, rank=rank)
+
+    def close(self) -> None:
+        if self._run_root is not None and self._owns_root:
+            pypto_env.cleanup_run_dir(self._run_root)
+            self._run_root = None

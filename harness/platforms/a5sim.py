@@ -1,0 +1,131 @@
+"""``a5sim``: pypto 0.2.0 kernels executed numerically on the CPU, timed by the A5 cost model.
+
+Each launch runs in a worker subprocess (:mod:`harness.platforms.worker`) that imports
+pypto from the DAV_3510 package overlay with the Ascend 950 cost-model config
+(:mod:`harness.platforms.pypto_env`), feeds the real input tensors to pypto's
+pass-verify calculator (the torch-backed interpreter of the compiled graph) and runs the
+full path: compile to ALL_COMPLETE, interpret, then the cost model, which copies the
+interpreted outputs back into the kernel's tensors.
+
+The estimated time is read from ``CostModelSimulationOutput``: AICore end-to-end
+= (max execEnd - min execStart) / 1800 MHz over the AIC/AIV lanes of
+``_simulate.swim.json``, total cycles from ``_simulate.stat.report.txt``.  It is
+deterministic run to run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from harness.platforms import pypto_env, worker
+from harness.platforms.base import (CostReport, LaunchResult, Platform, PlatformError, Program,
+                                    check_tensors)
+from harness.platforms.worker import encode_config
+
+CYCLES_PER_US = 1800  # cost-model clock convention (draw_swim_lane.py)
+
+
+def read_cost_report(output_root: Path) -> CostReport | None:
+    """Cost report of the newest ``output_*`` under ``output_root`` (None if absent)."""
+    runs = sorted(Path(output_root).glob("output_*/CostModelSimulationOutput"),
+                  key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    cm = runs[-1]
+    try:
+        lanes = json.loads((cm / "_simulate.swim.json").read_text())
+        stat = (cm / "_simulate.stat.report.txt").read_text()
+    except OSError:
+        return None
+    spans = [(t["execStart"], t["execEnd"]) for lane in lanes
+             if lane.get("coreType") in ("AIC", "AIV") for t in lane.get("tasks", [])]
+    m = re.search(r"Total Cycles\.+:\s+(\d+)", stat)
+    if not spans or m is None:
+        return None
+    cores = re.search(r"Core Machine Count\.+:\s+(\d+)", stat)
+    arch = None
+    ini = cm / "_simulate.config.ini"
+    if ini.exists():
+        a = re.search(r"deviceArch = (\S+)", ini.read_text())
+        arch = a.group(1) if a else None
+    e2e = (max(e for _, e in spans) - min(s for s, _ in spans)) / CYCLES_PER_US
+    return CostReport(round(e2e, 3), int(m.group(1)), arch,
+                      int(cores.group(1)) if cores else None, len(spans))
+
+
+class A5SimPlatform(Platform):
+    """CPU execution of pypto kernels; one worker subprocess per launch.
+
+    ``arch`` is ``"a5"`` (DAV_3510 compile target, Ascend 950 cost model) or ``"a2a3"``
+    (the stock package).  ``run_root`` defaults to a fresh temp dir removed by
+    :meth:`close` unless ``V41_KEEP_RUN_DIR=1``; launch ``n`` uses ``run_root/launch-n-rank-r``
+    and, unless kept, only its small files survive the launch (pypto's ``output/`` is
+    dropped after the cost report is read).
+    """
+
+    name = "a5sim"
+
+    def __init__(self, arch: str = "a5", run_root: Path | None = None,
+                 timeout_s: float | None = 1800.0):
+        if arch not in pypto_env.ARCHES:
+            raise PlatformError(f"arch: {arch!r} is not one of {pypto_env.ARCHES}")
+        self.arch = arch
+        self.timeout_s = timeout_s
+        self._run_root = Path(run_root) if run_root else None
+        self._owns_root = run_root is None
+        self._count = 0
+
+    @property
+    def run_root(self) -> Path:
+        if self._run_root is None:
+            self._run_root = pypto_env.make_run_dir()
+        return self._run_root
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            pypto_env.installed_pypto_dir()
+        except pypto_env.PyptoEnvError as err:
+            return False, str(err)
+        if shutil.which("cmake") is None and not pypto_env.calculator_path().exists():
+            return False, "a5sim: cmake not found and no cached pypto calculator to load"
+        return True, ""
+
+    def launch(self, program: Program, rank: int, tensors: Mapping[str, torch.Tensor]
+               ) -> LaunchResult:
+        if program.platform != self.name:
+            raise PlatformError(f"program compiled for {program.platform}, not {self.name}")
+        check_tensors(program, tensors)
+        self._count += 1
+        job_dir = self.run_root / f"launch-{self._count:04d}-{program.spec.name}-rank{rank}"
+        job = {
+            "spec": program.spec.to_json(),
+            "config": encode_config(program.config),
+            "case": program.case,
+            "args": [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "role": a.role}
+                     for a in program.args],
+            "arch": self.arch,
+            "run_mode": "sim",
+            "rank": rank,
+        }
+        worker.write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
+        res = worker.run_job(job_dir, timeout=self.timeout_s, drop_env=("ASCEND_HOME_PATH",))
+        outputs = worker.read_outputs(job_dir) if res.get("ok") else {}
+        cost = CostReport(**res["cost"]) if res.get("cost") else None
+        if res.get("ok") and not pypto_env.keep_run_dir():
+            shutil.rmtree(job_dir / "output", ignore_errors=True)
+            (job_dir / worker.INPUTS).unlink(missing_ok=True)
+            (job_dir / worker.OUTPUTS).unlink(missing_ok=True)
+        return LaunchResult(ok=bool(res.get("ok")), outputs=outputs, cost=cost,
+                            timings=res.get("timings", {}), error=res.get("error"),
+                            log_path=job_dir / worker.LOG, run_dir=job_dir, rank=rank)
+
+    def close(self) -> None:
+        if self._run_root is not None and self._owns_root:
+            pypto_env.cleanup_run_dir(self._run_root)
+            self._run_root = None
