@@ -63,7 +63,7 @@ def imports_of(rel: str, source: str, index: dict[str, str]) -> set[str]:
     def absolute(name: str) -> list[str]:
         top = name.split(".")[0]
         if top not in index and here and f"{here}.{top}" in index:   # sibling script import
-            name = f"{here}.{name}"
+            return [f"{here}.{p}" for p in _prefixes(name)]
         return _prefixes(name)
 
     for node in ast.walk(tree):
