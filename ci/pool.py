@@ -10,6 +10,7 @@ signals its process group *and* every process carrying the token, so a grandchil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,15 +33,10 @@ class CardPool:
     def allocate(self, n: int) -> list[int] | None:
         if n < 1 or n > len(self.free):
             return None
-        order = self.ids
-        for start in range(len(order) - n + 1):
-            window = order[start:start + n]
-            if all(i in self.free for i in window):
-                break
-        else:
-            window = sorted(self.free)[:n]
-        self.free.difference_update(window)
-        return list(window)
+        runs = (self.ids[k:k + n] for k in range(len(self.ids) - n + 1))
+        lease = next((w for w in runs if self.free.issuperset(w)), sorted(self.free)[:n])
+        self.free.difference_update(lease)
+        return list(lease)
 
     def release(self, ids) -> None:
         ids = set(ids)
@@ -96,39 +92,22 @@ def members(pgid: int, token: str) -> set[int]:
     """Live processes in process group ``pgid`` or carrying ``token`` in their environment."""
     needle = f"{TOKEN_VAR}={token}".encode() + b"\0"
     found = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
         st = _stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
-        if int(st[2]) == pgid:
-            found.add(pid)
-            continue
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
-                    found.add(pid)
+            if int(st[2]) == pgid or needle in Path(f"/proc/{pid}/environ").read_bytes():
+                found.add(pid)
         except OSError:
             pass
     found.discard(os.getpid())
     return found
 
 
-def _signal(pgid: int, pids, sig) -> None:
-    for target in [None, *pids]:
-        try:
-            os.killpg(pgid, sig) if target is None else os.kill(target, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def terminate(proc: subprocess.Popen, token: str, grace: float) -> int:
-    """SIGTERM the node's group and tagged processes, SIGKILL after ``grace`` s; reap.
-
-    Returns how many processes were still alive when the sweep began.
-    """
+    """SIGTERM the node's group and tagged processes, SIGKILL after ``grace`` s, reap;
+    returns how many processes were alive when the sweep began."""
     pgid = proc.pid   # start_new_session: the leader's pid is the group id
     left = members(pgid, token)
     if proc.poll() is None:
@@ -137,7 +116,9 @@ def terminate(proc: subprocess.Popen, token: str, grace: float) -> int:
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         if not left:
             break
-        _signal(pgid, left, sig)
+        for target in [None, *left]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig) if target is None else os.kill(target, sig)
         deadline = time.monotonic() + wait
         while left and time.monotonic() < deadline:
             proc.poll()
@@ -156,13 +137,11 @@ def run_all(jobs: list[Job], *, pool: CardPool | None, max_parallel: int, cwd: P
 
     def finish(o: Outcome) -> None:
         outcomes.append(o)
-        if on_done:
-            on_done(o)
+        on_done and on_done(o)
 
-    if pool is not None:
-        for j in [j for j in pending if j.cards > len(pool.ids)]:
-            pending.remove(j)
-            finish(Outcome(j, None, None, 0.0, note=f"needs {j.cards} cards, pool has {len(pool.ids)}"))
+    for j in [j for j in pending if pool is not None and j.cards > len(pool.ids)]:
+        pending.remove(j)   # would wait forever: fail it up front instead of deadlocking
+        finish(Outcome(j, None, None, 0.0, note=f"needs {j.cards} cards, pool has {len(pool.ids)}"))
     running: list[_Running] = []
     try:
         while pending or running:
@@ -174,7 +153,11 @@ def run_all(jobs: list[Job], *, pool: CardPool | None, max_parallel: int, cwd: P
                     i += 1
                     continue
                 pending.pop(i)
-                running.append(_start(job, ids, cwd, env))
+                try:
+                    running.append(_start(job, ids, cwd, env))
+                except OSError as e:   # e.g. the interpreter or task-submit vanished
+                    pool is not None and pool.release(ids)
+                    finish(Outcome(job, ids, None, 0.0, note=f"could not start: {e}"))
             now = time.monotonic()
             for r in list(running):
                 rc = r.proc.poll()
@@ -202,7 +185,7 @@ def _start(job: Job, ids, cwd: Path, env: dict | None) -> _Running:
     token = uuid.uuid4().hex
     job.log.parent.mkdir(parents=True, exist_ok=True)
     log = open(job.log, "wb")
+    env = {**(env if env is not None else os.environ), TOKEN_VAR: token}
     proc = subprocess.Popen(job.argv(ids), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**(env if env is not None else os.environ), TOKEN_VAR: token})
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     return _Running(job, proc, ids, token, time.monotonic(), log)

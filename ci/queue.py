@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="task-submit --timeout: queue wait plus run, seconds (default 3600)")
     p.add_argument("--activate", help="task-submit: script to source before the node command")
     p.add_argument("--python", default=sys.executable, help="interpreter for the nodes")
+    p.add_argument("--node-args", default="",
+                   help="extra pytest arguments for every node, e.g. '--platform a5'")
     p.add_argument("--out", help="output folder (default out/ci/<timestamp>/ under the root)")
     p.add_argument("--list", action="store_true", help="print the nodes and commands; run nothing")
     return p.parse_args(argv)
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                             activate=args.activate)
     jobs, by_key = [], {}
     for i, node in enumerate(nodes):
+        if args.node_args and node.get("kind") != "cli":
+            node["args"] = shlex.split(args.node_args)
         job = Job(key=f"{i}", cards=int(node["cards"]),
                   argv=lambda ids, node=node: backend.argv(node, ids),
                   log=out / "logs" / log_name(i, node["nodeid"]),
@@ -145,5 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     return results.exit_status(rows)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry: SIGTERM (a cancelled CI job) unwinds so running nodes are killed."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -33,7 +33,7 @@ def node_argv(node: dict, python: str, devices: str) -> list[str]:
     if node.get("kind") == "cli":   # sweep: the entry's own main with its CLI matrix
         return [python, node["entry"], *node.get("args", []), *axis_flags(node), "-d", devices]
     return [python, "-m", "pytest", node["nodeid"], "-p", "no:cacheprovider", "-q",
-            *axis_flags(node), "--device", devices]
+            *axis_flags(node), *node.get("args", []), "--device", devices]
 
 
 class LocalBackend:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from ci.collect import child_env
 from ci.pool import CardPool
 
 
@@ -127,3 +132,20 @@ def test_hung_node_and_its_children_are_killed_at_the_timeout(project, run_queue
     child, escaped = (int(p) for p in pids.read_text().split())
     assert not _running(child), "child in the node's process group survived"
     assert not _running(escaped), "setsid grandchild carrying the node token survived"
+
+
+def test_cancelled_runner_kills_its_running_nodes(project, tmp_path):
+    pids = tmp_path / "pids"
+    root = project({"test_hang.py": HANGING_NODE})
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ci.queue", "test_hang.py::test_hang", "--backend", "local",
+         "--timeout", "120", "--kill-grace", "0.5", "--out", str(tmp_path / "o")],
+        cwd=root, env=child_env({"HANG_PIDS": str(pids)}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGTERM)           # a cancelled CI job
+    assert runner.wait(timeout=30) != 0
+    child, escaped = (int(p) for p in pids.read_text().split())
+    assert not _running(child) and not _running(escaped)

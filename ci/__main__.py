@@ -1,0 +1,5 @@
+"""``python -m ci`` is ``python -m ci.queue``."""
+
+from ci.queue import cli
+
+cli()
