@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if entries is None:
         console.print("[green]no CI entry is affected by the change; nothing to run[/]")
         return 0
+    if not entries:
+        console.print("[red]no CI entries: no paths given and no file holds '# ci: a5'[/]")
     nodes, rows = gather(entries, args, root) if entries else ([], [])
     cards = [int(x) for x in args.devices.split(",")] if args.devices else list(range(args.cards))
     backend = submit.choose(args.backend, root=root, python=args.python, cards=cards,

@@ -207,3 +207,14 @@ def test_sweep_runs_the_full_cli_matrix(project, run_queue, tmp_path, monkeypatc
     assert sorted((tp, dp, len(d.split(","))) for _, tp, dp, d in calls) == [
         (1, 1, 1), (1, 2, 2), (4, 1, 4), (4, 2, 8)]
     assert {p for p, *_ in calls} == {"a5"}
+
+
+def test_node_command_passes_only_the_axes_a_node_has():
+    from ci.submit import node_argv
+    node = {"nodeid": "v41/x.py::test_precision[4-None]", "axes": {"tp": 4, "ep": None,
+                                                                  "tokens": 8}, "cards": 4}
+    assert node_argv(node, "py", "0,1,2,3") == [
+        "py", "-m", "pytest", "v41/x.py::test_precision[4-None]", "-p", "no:cacheprovider",
+        "-q", "--tp", "4", "--device", "0,1,2,3"]
+    node["args"] = ["--platform", "a5"]
+    assert node_argv(node, "py", "5")[-4:] == ["--platform", "a5", "--device", "5"]
