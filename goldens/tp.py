@@ -109,10 +109,12 @@ def attention_keys(x: torch.Tensor, w: AttentionWeights, batch: AttentionBatch,
 
 def attention_rank_partial(x: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor,
                            w_local: AttentionWeights, batch: AttentionBatch,
-                           config: V41Config) -> torch.Tensor:
+                           config: V41Config, qr: torch.Tensor | None = None) -> torch.Tensor:
     """One rank's FP32 ``[T, hidden]`` partial: its heads' queries, sparse attention with
-    their sinks, inverse RoPE, its output groups.  ``w_local`` is a shard."""
-    qr = q_lora(x, w_local.qkv, config)
+    their sinks, inverse RoPE, its output groups.  ``w_local`` is a shard; ``qr`` (the
+    replicated ``q_lora`` output, identical on every rank) is computed when not given."""
+    if qr is None:
+        qr = q_lora(x, w_local.qkv, config)
     q = q_proj_rope(qr, w_local.qkv.wq_b, w_local.qkv.wq_b_scale, batch.rope_cos,
                     batch.rope_sin, config)
     o = sparse_attention(q, keys, valid, w_local.attn_sink)
@@ -217,15 +219,16 @@ def decode_attention(x: torch.Tensor, w: AttentionWeights, batch: AttentionBatch
     active = _check_active(active, capacity)
     compute = set(range(tp) if ranks is None else ranks)
     shards = {r: w.shard(config, tp, r) for r in compute}
-    cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    cache: dict = {}
 
     def partial_fn(xg: torch.Tensor, r: int) -> torch.Tensor:
         if r not in compute:
             return torch.zeros(capacity, config.hidden_size)
         if "keys" not in cache:  # replicated part: computed once, identical on every rank
             cache["keys"] = attention_keys(xg, w, batch, config)
+            cache["qr"] = q_lora(xg, w.qkv, config)
         keys, valid = cache["keys"]
-        return attention_rank_partial(xg, keys, valid, shards[r], batch, config)
+        return attention_rank_partial(xg, keys, valid, shards[r], batch, config, cache["qr"])
 
     if wiring == "replicated":
         return replicated_wiring(x, partial_fn, tp, active)
