@@ -20,8 +20,8 @@ Math (rounding boundaries in brackets):
 Projections are the correctly rounded FP32 value of the exact dot product (computed in
 FP64, then one FP32 rounding): this is the FP32-accumulation reference with the
 summation-order dependence removed, so a row's result never depends on how many other rows
-share the call (chunked and unchunked calls agree bit for bit).  RMSNorm sums squares in
-FP64, scales in FP32, casts once to BF16.
+share the call (chunked and unchunked calls agree bit for bit).  RMSNorm is
+:func:`goldens.norm.rms_norm` (FP64 row statistic, FP32 scaling, one BF16 cast).
 
 State ring (ratio 2), exactly as the contract states.  ``state_cache`` is FP32
 ``[num_state_blocks, state_capacity, 2 * head_dim]``; a row is the token's FP32 KV
@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import torch
 
 from goldens.config import V41Config
+from goldens.norm import rms_norm
 from goldens.quant import cache_abi, quantize_compressed_kv, quantize_index_key
 from goldens.rope import apply_rope_tail
 
@@ -168,12 +169,9 @@ def project_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x * rsqrt(mean(x^2) + eps) * weight``: squares summed in FP64, scaling in FP32,
-    one cast to BF16 (the RMSNorm output boundary)."""
-    xf = x.to(torch.float32)
-    ms = (xf.to(torch.float64).square().mean(dim=-1, keepdim=True)).to(torch.float32)
-    y = xf * torch.rsqrt(ms + eps) * weight.to(torch.float32)
-    return y.to(torch.bfloat16)
+    """:func:`goldens.norm.rms_norm` of ``x`` as BF16: FP32 math (FP64 row statistic), one
+    cast to BF16 (the RMSNorm output boundary)."""
+    return rms_norm(x.to(torch.bfloat16), weight, eps)
 
 
 def compressor_ratio1(config: V41Config, x: torch.Tensor, wkv: torch.Tensor,

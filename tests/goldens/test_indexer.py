@@ -313,3 +313,59 @@ def test_bad_input_raises_before_touching_anything(name, over, match):
                       args.pop("index_block_table"), req, lens, args.pop("num_tokens"), **args)
     assert torch.equal(before[0], cache[0]) and torch.equal(before[1], cache[1])
     assert torch.equal(before[2], TABLE)
+
+
+# ---- composed with metadata and the compressor ----------------------------------------------
+
+def test_indexer_reads_the_keys_its_source_published():
+    """metadata -> compressor publication (ratio-1 source 6, ratio-2 source 2) -> indexer:
+    the rows the indexer dequantizes are the compressor's rotated BF16 keys after FP4."""
+    from goldens.compressor import (CompressorWeights, SourceCaches, allocate_state_cache,
+                                    compress_and_publish)
+    from goldens.metadata import build_forward_metadata
+
+    g = torch.Generator().manual_seed(11)
+    qsl = torch.tensor([0, 5, 5, 12], dtype=I32)
+    kv_lens = torch.tensor([0, 3, 0], dtype=I32)
+    wt = torch.tensor([[4], [2], [6]], dtype=I32)
+    c2 = torch.tensor([[3], [1], [5]], dtype=I32)
+    c1 = torch.tensor([[7], [0], [2]], dtype=I32)
+    states = torch.tensor([[2], [0], [1]], dtype=I32)
+    md = build_forward_metadata(CFG, qsl, kv_lens, wt, {2: c2, 4: c2, 6: c1},
+                                {2: states, 4: states}, num_padded_tokens=14)
+    T, h, d = md.num_padded_tokens, CFG.hidden_size, CFG.head_dim
+    x = torch.randn(T, h, generator=g).bfloat16()
+    cos, sin = precompute_rope_tables(CFG, compressed=True, capacity=64)
+    for src, ratio in ((2, 2), (6, 1)):
+        wkv = torch.randn(h, d, generator=g) * h ** -0.5
+        w = CompressorWeights(wkv=wkv if ratio == 2 else wkv.bfloat16(),
+                              wgate=torch.randn(h, d, generator=g) * h ** -0.5 if ratio == 2 else None,
+                              norm=torch.ones(d), index_wk=(torch.randn(d, DH, generator=g)
+                                                            * d ** -0.5).bfloat16(),
+                              index_norm=torch.ones(DH))
+        caches = SourceCaches.allocate(CFG, NUM_BLOCKS)
+        kw = dict(state_block_table=md.state_block_tables[src],
+                  state_cache=allocate_state_cache(CFG, 3)) if ratio == 2 else {}
+        res = compress_and_publish(
+            CFG, ratio, x, w, query_start_loc=md.query_start_loc, position_ids=md.position_ids,
+            token_to_req_indices=md.token_to_req_indices, num_tokens=md.num_tokens,
+            compressed_slots=md.compressed_slots[src], freqs_cos=cos, freqs_sin=sin,
+            caches=caches, **kw)
+        assert torch.equal(res.published, md.compressed_slots[src] >= 0)
+        assert torch.equal(res.compressed_positions[res.published],
+                           md.compressed_rope_position_ids[src][res.published])
+        # the indexer's key rows are exactly the quantized published keys
+        slots = md.compressed_slots[src][res.published]
+        want = dequantize_index_key(*quantize_index_key(res.index_key[res.published]))
+        got = dequantize_index_key(caches.index_key.view(-1, DH // 2)[slots],
+                                   caches.index_key_scale.view(-1, 1)[slots])
+        assert torch.equal(got, want)
+        table = (c2 if ratio == 2 else c1)
+        q = torch.randn(T, H, DH, generator=g).bfloat16()
+        wts = torch.rand(T, H, generator=g).bfloat16()
+        out = paged_indexer(CFG, q, wts, caches.index_key, caches.index_key_scale, table,
+                            md.token_to_req_indices, md.compressed_lens[src], md.num_tokens)
+        for t in range(md.num_tokens):
+            live = [r for r in out.topk_rows[t].tolist() if r >= 0]
+            assert len(live) == min(CFG.index.topk, int(md.compressed_lens[src][t]))
+            assert set(live) <= set(slots.tolist())  # only rows this source published
