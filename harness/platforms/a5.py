@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import itertools
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,7 +21,6 @@ import torch
 
 from harness.platforms import pypto_env, worker
 from harness.platforms.base import LaunchResult, Platform, PlatformError, Program, check_tensors
-from harness.platforms.worker import encode_config
 
 
 class A5Platform(Platform):
@@ -29,7 +30,8 @@ class A5Platform(Platform):
         self.timeout_s = timeout_s
         self._run_root = Path(run_root) if run_root else None
         self._owns_root = run_root is None
-        self._count = 0
+        self._counter = itertools.count(1)  # next() is atomic: launches may run in threads
+        self._finalizer = None
 
     def available(self) -> tuple[bool, str]:
         if not os.environ.get("ASCEND_HOME_PATH"):
@@ -44,6 +46,7 @@ class A5Platform(Platform):
     def run_root(self) -> Path:
         if self._run_root is None:
             self._run_root = pypto_env.make_run_dir(prefix="v41-a5-")
+            self._finalizer = weakref.finalize(self, pypto_env.cleanup_run_dir, self._run_root)
         return self._run_root
 
     def launch(self, program: Program, rank: int, tensors: Mapping[str, torch.Tensor]
@@ -54,23 +57,13 @@ class A5Platform(Platform):
         if program.platform != self.name:
             raise PlatformError(f"program compiled for {program.platform}, not {self.name}")
         check_tensors(program, tensors)
-        self._count += 1
-        job_dir = self.run_root / f"launch-{self._count:04d}-{program.spec.name}-rank{rank}"
-        job = {
-            "spec": program.spec.to_json(), "config": encode_config(program.config),
-            "case": program.case,
-            "args": [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "role": a.role}
-                     for a in program.args],
-            "arch": "a5", "run_mode": "npu", "rank": rank,
-        }
-        worker.write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
-        res = worker.run_job(job_dir, timeout=self.timeout_s)
-        outputs = worker.read_outputs(job_dir) if res.get("ok") else {}
-        return LaunchResult(ok=bool(res.get("ok")), outputs=outputs, cost=None,
-                            timings=res.get("timings", {}), error=res.get("error"),
-                            log_path=job_dir / worker.LOG, run_dir=job_dir, rank=rank)
+        n = next(self._counter)
+        job_dir = self.run_root / f"launch-{n:04d}-{program.spec.name}-rank{rank}"
+        return worker.launch_program(job_dir, program, rank, tensors, arch="a5",
+                                     run_mode="npu", timeout=self.timeout_s)
 
     def close(self) -> None:
-        if self._run_root is not None and self._owns_root:
-            pypto_env.cleanup_run_dir(self._run_root)
-            self._run_root = None
+        if self._finalizer is not None:
+            self._finalizer()  # removes the run root (unless V41_KEEP_RUN_DIR=1), once
+            self._finalizer = None
+        self._run_root = None if self._owns_root else self._run_root

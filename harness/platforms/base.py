@@ -117,6 +117,13 @@ class LaunchResult:
     run_dir: Path | None = None
     rank: int = 0
 
+    def cost_record(self) -> dict:
+        """``{"rank", "aicore_e2e_us", "total_cycles"}`` (the registry's cost record), or {}."""
+        if self.cost is None:
+            return {}
+        return {"rank": self.rank, "aicore_e2e_us": self.cost.aicore_e2e_us,
+                "total_cycles": self.cost.total_cycles}
+
     def raise_for_error(self) -> "LaunchResult":
         if not self.ok:
             raise LaunchError(self)

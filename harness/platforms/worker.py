@@ -214,6 +214,8 @@ def child_main(job_dir: Path) -> int:
         config = decode_config(job["config"])
         inputs = load_file(str(job_dir / INPUTS))
         args = job["args"]
+        if not sim:
+            import torch_npu  # noqa: F401, PLC0415  (registers the npu device)
         device = "cpu" if sim else f"npu:{job['rank']}"
         tensors = [inputs[a["name"]].to(device) for a in args]
 
@@ -256,3 +258,38 @@ def child_main(job_dir: Path) -> int:
 
 if __name__ == "__main__":
     child_main(Path(sys.argv[1]))
+
+
+# ---- the platforms' launch: one job directory, one worker -----------------------------
+
+def launch_program(job_dir: Path, program, rank: int, tensors, *, arch: str, run_mode: str,
+                   timeout: float | None, drop_env: tuple[str, ...] = ()):
+    """Write the job, run the worker, read its outputs; a ``LaunchResult`` in every case."""
+    from harness.platforms import pypto_env  # noqa: PLC0415
+    from harness.platforms.base import CostReport, LaunchResult  # noqa: PLC0415
+
+    job = {
+        "spec": program.spec.to_json(),
+        "config": encode_config(program.config),
+        "case": program.case,
+        "args": [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "role": a.role}
+                 for a in program.args],
+        "arch": arch,
+        "run_mode": run_mode,
+        "rank": rank,
+    }
+    write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
+    res = run_job(job_dir, timeout=timeout, drop_env=drop_env)
+    ok = bool(res.get("ok"))
+    outputs = read_outputs(job_dir) if ok else {}
+    if ok and not pypto_env.keep_run_dir():  # keep logs and result.json, drop bulk
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(job_dir / "output", ignore_errors=True)
+        shutil.rmtree(job_dir / "verify", ignore_errors=True)
+        (job_dir / INPUTS).unlink(missing_ok=True)
+        (job_dir / OUTPUTS).unlink(missing_ok=True)
+    return LaunchResult(ok=ok, outputs=outputs,
+                        cost=CostReport(**res["cost"]) if res.get("cost") else None,
+                        timings=res.get("timings", {}), error=res.get("error"),
+                        log_path=job_dir / LOG, run_dir=job_dir, rank=rank)
