@@ -105,7 +105,7 @@ class A5SimPlatform(Platform):
             raise PlatformError(f"program compiled for {program.platform}, not {self.name}")
         check_tensors(program, tensors)
         n = next(self._counter)
-        job_dir = self.run_root / f"launch-{n:04d}-{program.spec.name}-rank{rank}"
+        job_dir = self.run_root / f"launch-{n:04d}-{program.spec.slug}-rank{rank}"
         return worker.launch_program(job_dir, program, rank, tensors, arch=self.arch,
                                      run_mode="sim", timeout=self.timeout_s,
                                      drop_env=("ASCEND_HOME_PATH",))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,11 @@ class KernelSpec:
     def name(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return self.module.rsplit(".", 1)[-1] + (f"[{opts}]" if opts else "")
+
+    @property
+    def slug(self) -> str:
+        """``name`` safe for a directory name."""
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.name).strip("_")
 
     def to_json(self) -> dict:
         return {"module": self.module, "options": dict(self.options), "builder": self.builder,
