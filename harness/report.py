@@ -18,7 +18,10 @@ STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "error": "bold m
 
 
 def _console(console: Console | None) -> Console:
-    return console or Console()
+    if console is not None:
+        return console
+    con = Console()
+    return con if con.is_terminal else Console(width=220)
 
 
 def progress(console: Console | None = None) -> Progress:
@@ -27,11 +30,21 @@ def progress(console: Console | None = None) -> Progress:
                     TimeElapsedColumn(), console=_console(console), transient=False)
 
 
+def _tightness(v) -> tuple:
+    """Sort key: failing first, then the smallest margin relative to its bound; exact
+    checks (bound 0) that pass are the least interesting."""
+    if not v.passed:
+        return (0, v.margin)
+    if v.bound == 0:
+        return (2, 0.0)
+    return (1, v.margin / abs(v.bound))
+
+
 def _worst_by_output(verdicts):
     groups = defaultdict(list)
     for v in verdicts:
         groups[v.output].append(v)
-    return {out: min(vs, key=lambda v: v.margin) for out, vs in groups.items()}
+    return {out: min(vs, key=_tightness) for out, vs in groups.items()}
 
 
 def run_table(results, title: str = "V4.1 validation") -> Table:

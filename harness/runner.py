@@ -61,8 +61,18 @@ def run_case(case: Case, *, save_root: str | None = None, cards_available: int |
     if sut is None:
         return CaseResult(case, label, "skip",
                           reason=f"no kernel for platform {case.platform} and no alternate path")
-    if label.startswith("kernel:"):
-        platform = platform or load_platform(case.platform)
+    owned = None
+    if label.startswith("kernel:") and platform is None:
+        platform = owned = load_platform(case.platform)
+    try:
+        return _run(case, entry, label, sut, platform, save_root, start)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def _run(case, entry, label, sut, platform, save_root, start) -> CaseResult:
+    if platform is not None:
         ok, why = platform.available()
         if not ok:
             return CaseResult(case, label, "skip", reason=why)

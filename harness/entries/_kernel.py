@@ -1,0 +1,18 @@
+"""Shared system-under-test glue: run one v41 kernel module on a platform, rank by rank."""
+
+from __future__ import annotations
+
+from harness.registry import SutOutput
+
+
+def single_launch(module: str, **options):
+    """A SUT function that compiles ``module`` for (config, case) and launches it once
+    (rank 0) on the platform, feeding the case inputs by ABI name."""
+    def run(platform, config, case, inputs) -> SutOutput:
+        from harness.platforms import KernelSpec
+        program = platform.compile(KernelSpec(module, options), config, case)
+        result = platform.launch(program, 0, {a.name: inputs[a.name] for a in program.args})
+        result.raise_for_error()
+        record = result.cost_record()
+        return SutOutput(dict(result.outputs), [record] if record else [])
+    return run
