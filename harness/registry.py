@@ -58,6 +58,7 @@ class Entry:
     alternate: SutFn | None = None
     alternate_label: str = ""
     slow_cases: tuple[Case, ...] = ()  # FLASH-shape cases, run under the `slow` marker
+    flops: Callable[[V41Config, Case], int] | None = None  # for the bench roofline
 
     def sut_for(self, platform: str) -> tuple[str, SutFn | None]:
         """(label, function) of the system under test on ``platform``."""
