@@ -92,30 +92,61 @@ def _fp4_scaled_lut() -> torch.Tensor:
     return _FP4_SCALED_LUT
 
 
-def dequantize_fp4_fast(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """FP32 ``[N, K]`` of a packed MXFP4 expert weight, bit-identical to
-    :func:`goldens.quant.dequantize_fp4_expert_weight` (one table lookup per packed byte,
-    scale folded into the table)."""
+def _check_fp4(packed: torch.Tensor, scales: torch.Tensor) -> tuple[int, int, int]:
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise ValueError(f"packed: must be 2-D uint8 [N, K/2], got {packed.dtype} "
                          f"{tuple(packed.shape)}")
     n, half = packed.shape
     if (2 * half) % MX_GROUP:
         raise ValueError(f"packed: K = {2 * half} is not a multiple of {MX_GROUP}")
-    want = (n, 2 * half // MX_GROUP)
-    if scales.dtype != torch.uint8 or tuple(scales.shape) != want:
-        raise ValueError(f"scales: must be uint8 {want}, got {scales.dtype} {tuple(scales.shape)}")
+    groups = 2 * half // MX_GROUP
+    if scales.dtype != torch.uint8 or tuple(scales.shape) != (n, groups):
+        raise ValueError(f"scales: must be uint8 {(n, groups)}, got {scales.dtype} "
+                         f"{tuple(scales.shape)}")
     if scales.numel() and int(scales.max()) == E8M0_NAN:
         raise ValueError("scales: contains E8M0 code 255 (NaN)")
+    return n, half, groups
+
+
+class Fp4Workspace:
+    """Reusable buffers for :func:`dequantize_fp4_fast`: dequantizing expert after expert
+    into the same memory avoids re-faulting ~50 MB pages per matrix (the result of a call is
+    overwritten by the next call with the same ``slot``)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (*key, shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = torch.empty(shape, dtype=dtype)
+            self._buffers[key] = buf
+        return buf
+
+
+def dequantize_fp4_fast(packed: torch.Tensor, scales: torch.Tensor,
+                        workspace: Fp4Workspace | None = None, slot: str = "w") -> torch.Tensor:
+    """FP32 ``[N, K]`` of a packed MXFP4 expert weight, bit-identical to
+    :func:`goldens.quant.dequantize_fp4_expert_weight` (one table lookup per packed byte,
+    scale folded into the table).  With a ``workspace`` the result lives in its ``slot``
+    buffer."""
+    n, half, groups = _check_fp4(packed, scales)
     per = MX_GROUP // 2
-    idx = packed.view(n, want[1], per).to(torch.int32) + (scales.to(torch.int32) << 8)[..., None]
-    return torch.nn.functional.embedding(idx.view(n, half), _fp4_scaled_lut()).view(n, 2 * half)
+    ws = workspace if workspace is not None else Fp4Workspace()
+    idx = ws.get(("idx",), (n, groups, per), torch.int32)
+    torch.add(packed.view(n, groups, per), (scales.to(torch.int32) << 8)[..., None], out=idx)
+    out = ws.get((slot,), (n * half, 2), torch.float32)
+    torch.index_select(_fp4_scaled_lut(), 0, idx.view(-1), out=out)
+    return out.view(n, 2 * half)
 
 
-def dequantize_routed_expert(ew: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def dequantize_routed_expert(ew: ExpertWeights, workspace: Fp4Workspace | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FP32 ``(W1, W3, W2)`` of a routed expert (exact)."""
-    return (dequantize_fp4_fast(ew.w1, ew.w1_scale), dequantize_fp4_fast(ew.w3, ew.w3_scale),
-            dequantize_fp4_fast(ew.w2, ew.w2_scale))
+    return (dequantize_fp4_fast(ew.w1, ew.w1_scale, workspace, "w1"),
+            dequantize_fp4_fast(ew.w3, ew.w3_scale, workspace, "w3"),
+            dequantize_fp4_fast(ew.w2, ew.w2_scale, workspace, "w2"))
 
 
 # ---- pieces --------------------------------------------------------------------------------
@@ -142,15 +173,16 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float,
 
 
 def routed_expert(x: torch.Tensor, route_weight: torch.Tensor, ew: ExpertWeights,
-                  cfg: V41Config, x_mx: torch.Tensor | None = None) -> torch.Tensor:
+                  cfg: V41Config, x_mx: torch.Tensor | None = None,
+                  workspace: Fp4Workspace | None = None) -> torch.Tensor:
     """One routed expert on its gathered tokens ``x [t, D]`` -> BF16 ``[t, D]``.
 
     Boundaries: MX(x); [BF16](MX(x) @ W1^T), [BF16](MX(x) @ W3^T) with FP32 accumulation;
     clamps; [BF16](silu(g)*u*route_weight) (weight BEFORE W2); MX(h); [BF16](MX(h) @ W2^T).
     ``x_mx`` may pass a precomputed ``mx_activation(x)`` (MXFP8 is per row, so gathering rows
-    of a whole-batch quantization is identical).
+    of a whole-batch quantization is identical); ``workspace`` reuses dequantization buffers.
     """
-    w1, w3, w2 = dequantize_routed_expert(ew)
+    w1, w3, w2 = dequantize_routed_expert(ew, workspace)
     _check_expert_shapes(w1, w3, w2, cfg, "routed expert")
     a = mx_activation(x) if x_mx is None else x_mx
     g = (a @ w1.T).to(torch.bfloat16)
@@ -232,11 +264,12 @@ def routed_partial(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     if not bool(in_range.any()):
         return acc
     x_mx = mx_activation(x)
+    workspace = Fp4Workspace()
     present = torch.unique(idx[in_range]).tolist()  # sorted ascending
     for e in present:
         rows, slots = torch.nonzero(idx == e, as_tuple=True)
         y = routed_expert(x[rows], weights[rows, slots], experts[e - first], cfg,
-                          x_mx=x_mx[rows])
+                          x_mx=x_mx[rows], workspace=workspace)
         acc[rows] = acc[rows] + y.to(torch.float32)  # rows are distinct
     return acc
 
@@ -293,6 +326,6 @@ def moe_block_ep(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
 
 
 __all__ = ["ExpertWeights", "quantize_routed_expert", "quantize_shared_expert",
-           "dequantize_fp4_fast", "dequantize_routed_expert", "dequantize_fp4_expert_weight",
+           "Fp4Workspace", "dequantize_fp4_fast", "dequantize_routed_expert", "dequantize_fp4_expert_weight",
            "mx_activation", "swiglu", "routed_expert", "shared_expert", "routed_partial",
            "ep_partial", "combine", "moe_block", "moe_block_ep"]

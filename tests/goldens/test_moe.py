@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from goldens.config import FLASH, TINY
-from goldens.moe import (ExpertWeights, combine, dequantize_fp4_fast, ep_partial, moe_block,
+from goldens.moe import (ExpertWeights, Fp4Workspace, combine, dequantize_fp4_fast, ep_partial, moe_block,
                          moe_block_ep, quantize_routed_expert, quantize_shared_expert,
                          routed_expert, routed_partial, swiglu)
 from goldens.quant import (dequantize_fp4_expert_weight, dequantize_fp8_weight, dequantize_mxfp8,
@@ -88,6 +88,12 @@ def test_fast_fp4_dequant_is_bit_identical_to_quant():
     scales = torch.randint(0, 255, (64, 8), dtype=torch.uint8, generator=gen)
     assert torch.equal(dequantize_fp4_fast(packed, scales),
                        dequantize_fp4_expert_weight(packed, scales))
+    # a reused workspace gives the same values for matrices of either orientation
+    ws = Fp4Workspace()
+    other = torch.randint(0, 256, (256, 32), dtype=torch.uint8, generator=gen)
+    oscales = torch.randint(100, 140, (256, 2), dtype=torch.uint8, generator=gen)
+    for p, s in ((packed, scales), (other, oscales), (packed, scales)):
+        assert torch.equal(dequantize_fp4_fast(p, s, ws, "w1"), dequantize_fp4_expert_weight(p, s))
     with pytest.raises(ValueError, match="scales"):
         dequantize_fp4_fast(packed, torch.full((64, 8), 255, dtype=torch.uint8))
 
