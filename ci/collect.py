@@ -114,6 +114,27 @@ def cli_matrix(entry: str, root: Path, python: str = sys.executable,
     return json.loads(lines[-1]), None
 
 
+def registry_matrix(entry: str) -> tuple[dict, str | None]:
+    """``{"tp": [...], "dp"|"ep": [...]}`` of a harness registry entry's declared support."""
+    from harness import registry
+    try:
+        support = registry.get(entry).support
+    except KeyError as err:
+        return {}, str(err)
+    choices = {"tp": sorted(support.tp_sizes)}
+    eps = sorted(e for e in support.ep_sizes if e is not None)
+    if eps:
+        choices["ep"] = eps
+    else:
+        choices["dp"] = sorted(support.dp_sizes)
+    return choices, None
+
+
+def is_registry_entry(entry: str) -> bool:
+    """A sweep entry is a harness registry name unless it names a Python file."""
+    return not entry.endswith(".py")
+
+
 def sweep_nodes(entry: str, choices: dict, args: list[str]) -> list[dict]:
     """The full CLI matrix: TP x DP; else TP x EP with EP % TP == 0 (cards = EP); else TP."""
     tps = choices.get("tp") or [1]

@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--changed-since", metavar="REV",
                    help="only entries in the reverse-import closure of files changed since REV")
     p.add_argument("--sweep", action="store_true",
-                   help="run each entry's main over its full --tp/--dp/--ep CLI matrix")
+                   help="run each entry's full --tp/--dp/--ep matrix through its CLI "
+                        "(harness registry entries by default: python -m harness run ENTRY)")
     p.add_argument("--sweep-args", default="-p a5", help="extra entry arguments in sweep mode")
     p.add_argument("--backend", choices=("auto", "task-submit", "local"), default="auto",
                    help="auto = task-submit when it is on PATH, else the local card pool")
@@ -56,7 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def pick_entries(args, root: Path, console: Console) -> list[str] | None:
     """Entries to collect; None when --changed-since affects none of them (nothing to do)."""
-    entries = list(args.paths) or collect.marked_entries(root)
+    if args.sweep and not args.paths:
+        from harness import registry
+        entries = [name for name, e in registry.entries().items() if e.kernels]
+    else:
+        entries = list(args.paths) or collect.marked_entries(root)
     if not args.changed_since:
         return entries
     everything, hit, changed = select.affected(root, args.changed_since)
@@ -76,7 +81,8 @@ def gather(entries: list[str], args, root: Path) -> tuple[list[dict], list[dict]
     def one(entry: str):
         if not args.sweep:
             return collect.collect_entry(entry, root, args.python)
-        choices, err = collect.cli_matrix(entry, root, args.python)
+        choices, err = (collect.registry_matrix(entry) if collect.is_registry_entry(entry)
+                        else collect.cli_matrix(entry, root, args.python))
         return ([], err) if err else (collect.sweep_nodes(entry, choices, extra), None)
 
     nodes, failed = [], []

@@ -30,8 +30,10 @@ def axis_flags(node: dict) -> list[str]:
 
 def node_argv(node: dict, python: str, devices: str) -> list[str]:
     """The queued command of a node; ``devices`` is a comma list of card ids."""
-    if node.get("kind") == "cli":   # sweep: the entry's own main with its CLI matrix
-        return [python, node["entry"], *node.get("args", []), *axis_flags(node), "-d", devices]
+    if node.get("kind") == "cli":   # sweep: the entry's CLI over its matrix
+        entry = node["entry"]
+        cli = [python, entry] if entry.endswith(".py") else [python, "-m", "harness", "run", entry]
+        return [*cli, *node.get("args", []), *axis_flags(node), "-d", devices]
     return [python, "-m", "pytest", node["nodeid"], "-p", "no:cacheprovider", "-q",
             *axis_flags(node), *node.get("args", []), "--device", devices]
 
