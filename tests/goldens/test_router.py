@@ -94,6 +94,10 @@ def test_tie_rule_lower_expert_index_first():
     assert idx[0].tolist() == [3, 9][:K]
     biased = torch.tensor([[0.5, 2.0, 2.0, 1.0, 2.0, 2.0]])
     assert select_experts(biased, 3).tolist() == [[1, 2, 4]]
+    # FLASH width: 128 experts tie at the top (every third one); the lowest six win, in order
+    wide = torch.zeros(2, 384)
+    wide[:, ::3] = 1.0
+    assert select_experts(wide, 6).tolist() == [[0, 3, 6, 9, 12, 15]] * 2
 
 
 def test_inactive_rows_get_index_zero_weight_zero():
