@@ -1,0 +1,61 @@
+"""a5sim: v41.hc_post through its harness entry; the reference is bit-exact against the
+golden (same FP32 operation order and BF16 rounding) and wrong kernels fail the comparison."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import registry
+from harness.case import Case
+from harness.entries._kernel import single_launch
+from harness.fixtures import clone_tensors
+from harness.platforms import get_platform
+from harness.verdict import all_passed
+
+ENTRY, MODULE = "hc_post", "v41.hc_post"
+
+
+@pytest.fixture(scope="module")
+def a5sim():
+    platform = get_platform("a5sim")
+    ok, why = platform.available()
+    if not ok:
+        pytest.skip(why)
+    yield platform
+    platform.close()
+
+
+def run_variant(platform, case: Case, **options):
+    """(verdicts, outputs, golden) of the entry's comparison for a kernel built with ``options``."""
+    entry = registry.get(case.entry)
+    cfg = case.config
+    inputs = entry.build_inputs(cfg, case)
+    produced = single_launch(MODULE, **options)(platform, cfg, case, clone_tensors(inputs))
+    gold = entry.golden(cfg, case, clone_tensors(inputs))
+    return entry.compare(cfg, case, inputs, gold, produced.outputs), produced.outputs, gold
+
+
+CASE = Case(entry=ENTRY, tokens=11)
+
+
+def test_reference_is_bit_exact(a5sim):
+    verdicts, out, gold = run_variant(a5sim, CASE)
+    assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
+    assert torch.equal(out["out"], gold["out"])
+
+
+@pytest.mark.parametrize("variant", ["comb_transposed", "no_post"])
+def test_wrong_kernel_fails_the_comparison(a5sim, variant):
+    verdicts, _, _ = run_variant(a5sim, CASE, variant=variant)
+    bad = {(v.output, v.check) for v in verdicts if not v.passed}
+    assert ("out", "row_rms") in bad, f"variant {variant} passed: {[v.line() for v in verdicts]}"
+
+
+def test_missing_rounding_fails_the_storage_check(a5sim):
+    """``no_round`` stays inside the per-row bound (BF16 rounding is 2^-9 relative) but its
+    FP32 values are not BF16 values: the entry's storage-format check fails."""
+    verdicts, out, gold = run_variant(a5sim, CASE, variant="no_round")
+    bad = {(v.output, v.check) for v in verdicts if not v.passed}
+    assert bad == {("out:bf16_values", "exact_bytes")}, [v.line() for v in verdicts]
+    assert not torch.equal(out["out"], gold["out"])
