@@ -70,6 +70,7 @@ from dataclasses import dataclass
 
 import torch
 
+from goldens.checks import check_query_starts, check_tensor as _tensor, fail as _fail
 from goldens.config import V41Config
 from goldens.norm import rms_norm
 from goldens.quant import cache_abi, quantize_compressed_kv, quantize_index_key
@@ -200,21 +201,6 @@ def index_key_from_latent(config: V41Config, latent: torch.Tensor, index_wk: tor
 
 
 # ---- validation --------------------------------------------------------------------------
-
-def _fail(msg: str):
-    raise ValueError(msg)
-
-
-def _tensor(name: str, t, dtypes, shape) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
-    if t.dtype not in dtypes:
-        _fail(f"{name}: dtype {t.dtype}, expected {' or '.join(str(d) for d in dtypes)}")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        _fail(f"{name}: shape {list(t.shape)}, expected {want}")
-
 
 def _validate_weights(config: V41Config, ratio: int, w: CompressorWeights) -> None:
     if not isinstance(w, CompressorWeights):
@@ -406,12 +392,7 @@ def _validate(config, ratio, x, weights, qsl_t, pos_t, req_t, num_tokens, slots_
         _tensor("state_cache", state_cache, torch.float32, (nsb, cap, config.state_width))
 
     qsl = qsl_t.tolist()
-    if qsl[0] != 0:
-        _fail(f"query_start_loc: query_start_loc[0] = {qsl[0]}, expected 0")
-    for r in range(B):
-        if qsl[r + 1] < qsl[r]:
-            _fail(f"query_start_loc: decreases at request {r}: query_start_loc[{r + 1}] = "
-                  f"{qsl[r + 1]} < query_start_loc[{r}] = {qsl[r]} (must be nondecreasing)")
+    check_query_starts(qsl)
     if qsl[-1] != num_tokens:
         _fail(f"num_tokens: {num_tokens} != query_start_loc[-1] = {qsl[-1]} (the valid packed "
               f"prefix)")

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
+from goldens.checks import check_tensor as _tensor, fail as _fail
 from goldens.config import V41Config
 from goldens.quant import dequantize_index_key, mxfp8_linear
 from goldens.rope import apply_rope_tail
@@ -80,21 +81,6 @@ class IndexerResult:
     candidate_mask: torch.Tensor | None  # bool [T, width] when select_candidates
     scores: torch.Tensor  # FP32 [T, width] (masked positions -inf)
     num_chunks: int  # query chunks the score budget produced
-
-
-def _fail(msg: str):
-    raise ValueError(msg)
-
-
-def _tensor(name: str, t, dtypes, shape) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
-    if t.dtype not in dtypes:
-        _fail(f"{name}: dtype {t.dtype}, expected {' or '.join(str(d) for d in dtypes)}")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        _fail(f"{name}: shape {list(t.shape)}, expected {want}")
 
 
 def _num_tokens(num_tokens, T: int) -> None:

@@ -53,6 +53,7 @@ from typing import Mapping
 
 import torch
 
+from goldens.checks import check_query_starts, check_tensor, fail as _fail
 from goldens.config import V41Config
 
 __all__ = ["ForwardMetadata", "build_forward_metadata", "compressed_sources"]
@@ -104,19 +105,9 @@ def compressed_sources(config: V41Config) -> dict[int, int]:
 
 # ---- validation ------------------------------------------------------------
 
-def _fail(msg: str) -> None:
-    raise ValueError(msg)
-
-
 def _check_tensor(name: str, t, shape: tuple) -> None:
-    """``shape`` entries are ints or None (any extent)."""
-    if not isinstance(t, torch.Tensor):
-        _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != _I32:
-        _fail(f"{name}: dtype {t.dtype}, expected torch.int32")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        _fail(f"{name}: shape {list(t.shape)}, expected {want}")
+    """An INT32 tensor; ``shape`` entries are ints or None (any extent)."""
+    check_tensor(name, t, _I32, shape)
 
 
 def _check_pages(name: str, table: list[list[int]], r: int, rows: int, bs: int) -> None:
@@ -192,12 +183,7 @@ def _validate(config, query_start_loc, kv_seq_lens, window_block_table,
 
     qsl = query_start_loc.tolist()
     kv = kv_seq_lens.tolist()
-    if qsl[0] != 0:
-        _fail(f"query_start_loc: query_start_loc[0] = {qsl[0]}, expected 0")
-    for r in range(B):
-        if qsl[r + 1] < qsl[r]:
-            _fail(f"query_start_loc: decreases at request {r}: query_start_loc[{r + 1}] = "
-                  f"{qsl[r + 1]} < query_start_loc[{r}] = {qsl[r]} (must be nondecreasing)")
+    check_query_starts(qsl)
     num_tokens = qsl[-1]
     if num_padded_tokens is not None:
         if not isinstance(num_padded_tokens, int) or num_padded_tokens < num_tokens:
