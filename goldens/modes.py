@@ -72,7 +72,7 @@ from goldens.compressor import (CompressorResult, CompressorWeights, SourceCache
 from goldens.config import (SUPPORTED_TP_SIZES, LayerConfig, Mode, V41Config, local_heads,
                             local_o_groups)
 from goldens.indexer import index_query, paged_indexer, reuse_topk
-from goldens.metadata import ForwardMetadata, build_forward_metadata, compressed_sources
+from goldens.metadata import ForwardMetadata, build_forward_metadata
 from goldens.qkv import q_lora
 from goldens.quant import quantize_fp8_weight
 from goldens.rope import materialize_rope_rows, precompute_rope_tables

@@ -210,6 +210,25 @@ def test_ownership_table_is_the_contract():
         ModeWeights(Mode.C1A_REINDEX, WEIGHTS[8].attn)
 
 
+@pytest.mark.parametrize("case", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_reserved_capacity_equals_the_compact_batch(case):
+    """Padding rows (junk inputs) change no cache byte and no active output."""
+    padded, compact = Scenario(case["capacity"], seed=8), Scenario(case["capacity"], seed=8)
+    pb = padded.step(case["rows"], case["kv"], case["pad"])
+    cb = compact.step(case["rows"], case["kv"], 0)
+    rp, rc = run_forward(padded, pb), run_forward(compact, cb)
+    a, b = padded.caches.tensors(), compact.caches.tensors()
+    for key in a:
+        if key[0] in ("topk_rows", "candidate_mask"):
+            assert torch.equal(a[key][:cb.tokens], b[key]), key
+            assert not a[key][cb.tokens:].any() if a[key].dtype == torch.bool \
+                else bool((a[key][cb.tokens:] == -1).all()), key
+        else:
+            assert torch.equal(a[key].view(torch.uint8), b[key].view(torch.uint8)), key
+    for layer in rp:
+        assert torch.equal(rp[layer][0][:cb.tokens], rc[layer][0]), layer
+
+
 def test_zero_active_rows_write_nothing():
     sc = Scenario([40, 40], seed=2)
     batch = sc.step([0, 0], [10, 20], pad=4)
@@ -312,10 +331,11 @@ def test_prefill_then_decode_steps_equal_one_prefill():
 
 # ---- wirings ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def wiring_setup():
-    sc = Scenario(DECODE["capacity"], seed=6)
-    batch = sc.step(DECODE["rows"], DECODE["kv"], DECODE["pad"])
+@pytest.fixture(scope="module", params=[DECODE, PREFILL], ids=["decode", "prefill"])
+def wiring_setup(request):
+    case = request.param
+    sc = Scenario(case["capacity"], seed=6)
+    batch = sc.step(case["rows"], case["kv"], case["pad"])
     sc.caches.begin_forward(CFG, batch)
     before = {}
     for layer in LAYERS:
