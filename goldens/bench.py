@@ -68,16 +68,24 @@ def _random_bytes(t: torch.Tensor, g: torch.Generator, mask: int = 0xFF) -> None
 
 
 def build_fixture(config: V41Config, layer: int, tokens: int, active: int, context: int,
-                  seed: int = 0):
-    """Decode batch of ``active`` rows (<= 6 per request) padded to ``tokens``, caches for
-    ``layer`` and its sources with random contents, scratch published for its sources."""
+                  seed: int = 0, phase: str = "decode", requests: int | None = None):
+    """Batch of ``active`` rows padded to ``tokens``, caches for ``layer`` and its sources
+    with random contents, scratch published for its sources.  Decode: <= 6 rows per
+    request over ~``context`` cached tokens each; prefill: ``requests`` packed prompts
+    (default one per 2048 rows) over a cached prefix of ``context`` tokens."""
     g = torch.Generator().manual_seed(seed)
     i32 = torch.int32
-    per = config.cache.decode_rows_per_request
-    rows = [per] * (active // per) + ([active % per] if active % per else [])
-    B = max(1, len(rows))
-    rows = rows or [0]
-    kv = [int(context * (0.5 + (r * 0.6180339887) % 1.0)) for r in range(B)]
+    if phase == "prefill":
+        B = requests or max(1, -(-active // 2048))
+        rows = [active // B + (1 if r < active % B else 0) for r in range(B)]
+        per = max(rows)
+        kv = [context] * B
+    else:
+        per = config.cache.decode_rows_per_request
+        rows = [per] * (active // per) + ([active % per] if active % per else [])
+        B = max(1, len(rows))
+        rows = rows or [0]
+        kv = [int(context * (0.5 + (r * 0.6180339887) % 1.0)) for r in range(B)]
     bs = config.cache.block_size
     pages = -(-(max(kv) + per) // bs)
     wt = torch.randperm(B * pages, generator=g).to(i32).view(B, pages)
@@ -129,12 +137,13 @@ def build_fixture(config: V41Config, layer: int, tokens: int, active: int, conte
 # ---- worker and driver -------------------------------------------------------------------------
 
 def run_one(preset_name: str, mode: Mode, tokens: int, active: int, context: int, tp: int,
-            wiring: str) -> dict:
+            wiring: str, phase: str = "decode", requests: int | None = None) -> dict:
     config = preset(preset_name)
     layer = config.representative_layer(mode)
     t0 = time.perf_counter()
     weights = random_mode_weights(config, layer)
-    x, caches, batch, rope = build_fixture(config, layer, tokens, active, context)
+    x, caches, batch, rope = build_fixture(config, layer, tokens, active, context,
+                                           phase=phase, requests=requests)
     setup = time.perf_counter() - t0
     gc.collect()
     rss0 = _status_kib("VmRSS")
@@ -151,7 +160,8 @@ def run_one(preset_name: str, mode: Mode, tokens: int, active: int, context: int
     else:
         delta_kib, method = max(0, maxrss1 - maxrss0), "ru_maxrss delta (lower bound)"
     full = out if wiring == "replicated" else torch.cat(out)[:tokens]
-    return dict(mode=mode.value, layer=layer, preset=config.name, tokens=tokens, active=active,
+    return dict(mode=mode.value, layer=layer, preset=config.name, phase=phase, tokens=tokens,
+                active=active,
                 requests=batch.metadata.num_requests, context=context, tp=tp, wiring=wiring,
                 threads=torch.get_num_threads(), seconds=round(seconds, 3),
                 cpu_seconds=round(cpu, 3),
@@ -172,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=None,
                    help="mean cached tokens per request (default flash 4096, tiny 200)")
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--phase", default="decode", choices=["decode", "prefill"])
+    p.add_argument("--requests", type=int, default=None,
+                   help="prefill: packed prompts (default one per 2048 rows)")
     p.add_argument("--wiring", default="replicated", choices=["replicated", "sharded"])
     p.add_argument("--json", action="store_true", help="print the results as one JSON line last")
     p.add_argument("--in-process", action="store_true",
@@ -180,19 +193,23 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     active = a.tokens if a.active is None else a.active
     context = _DEFAULT_CONTEXT[a.preset] if a.context is None else a.context
+    if a.phase == "prefill" and a.context is None:
+        context = 0
     modes = [Mode(m.strip()) for m in a.modes.split(",") if m.strip()]
     if a.worker:
         print(json.dumps(run_one(a.preset, Mode(a.worker), a.tokens, active, context, a.tp,
-                                 a.wiring)))
+                                 a.wiring, a.phase, a.requests)))
         return 0
     results = []
     for mode in modes:
         if a.in_process:
-            results.append(run_one(a.preset, mode, a.tokens, active, context, a.tp, a.wiring))
+            results.append(run_one(a.preset, mode, a.tokens, active, context, a.tp, a.wiring,
+                                   a.phase, a.requests))
             continue
         cmd = [sys.executable, "-m", "goldens.bench", "--worker", mode.value, "--preset",
                a.preset, "--tokens", str(a.tokens), "--active", str(active), "--context",
-               str(context), "--tp", str(a.tp), "--wiring", a.wiring]
+               str(context), "--tp", str(a.tp), "--wiring", a.wiring, "--phase", a.phase]
+        cmd += ["--requests", str(a.requests)] if a.requests else []
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr)
@@ -203,7 +220,7 @@ def main(argv=None) -> int:
            f"{'peak GiB':>9} {'proc GiB':>9}"
     if results:
         r0 = results[0]
-        print(f"preset {r0['preset']}, T={r0['tokens']} (active {r0['active']}, "
+        print(f"preset {r0['preset']} {r0['phase']}, T={r0['tokens']} (active {r0['active']}, "
               f"{r0['requests']} requests), context ~{r0['context']}, tp {r0['tp']} "
               f"{r0['wiring']}, {r0['threads']} threads; peak = {r0['memory_method']}")
     print(head)
