@@ -1,0 +1,48 @@
+"""a5sim: v41.gate through its harness entry; wrong kernels fail the comparison (indices
+exactly, weights by the per-row bound)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import registry
+from harness.case import Case
+from harness.entries._kernel import single_launch
+from harness.fixtures import clone_tensors
+from harness.platforms import get_platform
+
+ENTRY, MODULE = "gate", "v41.gate"
+
+
+@pytest.fixture(scope="module")
+def a5sim():
+    platform = get_platform("a5sim")
+    ok, why = platform.available()
+    if not ok:
+        pytest.skip(why)
+    yield platform
+    platform.close()
+
+
+def run_variant(platform, case: Case, **options):
+    """(verdicts, outputs, golden) of the entry's comparison for a kernel built with ``options``."""
+    entry = registry.get(case.entry)
+    cfg = case.config
+    inputs = entry.build_inputs(cfg, case)
+    produced = single_launch(MODULE, **options)(platform, cfg, case, clone_tensors(inputs))
+    gold = entry.golden(cfg, case, clone_tensors(inputs))
+    return entry.compare(cfg, case, inputs, gold, produced.outputs), produced.outputs, gold
+
+
+@pytest.mark.parametrize("variant,case,expect", [
+    ("unbiased_select", Case(entry=ENTRY, tokens=21), ("indices", "exact_bytes")),
+    ("biased_weights", Case(entry=ENTRY, tokens=21), ("weights", "row_rms")),
+    ("higher_index_ties", Case(entry=ENTRY, tokens=6, kind="ties"), ("indices", "exact_bytes")),
+])
+def test_wrong_kernel_fails_the_comparison(a5sim, variant, case, expect):
+    verdicts, out, gold = run_variant(a5sim, case, variant=variant)
+    bad = {(v.output, v.check) for v in verdicts if not v.passed}
+    assert expect in bad, f"variant {variant} passed: {[v.line() for v in verdicts]}"
+    if variant == "higher_index_ties":  # lanes 1 and 2 tie with expert E-1: it wins instead
+        assert gold["indices"][:, 0].tolist() == [1] * case.tokens
+        assert out["indices"][:, 0].tolist() == [case.config.moe.n_routed_experts - 1] * case.tokens

@@ -1,0 +1,161 @@
+"""MoE router gate kernel (golden: ``goldens.router.route``).
+
+``logits = x_norm @ gate_w^T / gate_temperature`` [FP32 accumulation, cube matmul],
+``s = sqrt(softplus(logits))`` with ``softplus(x) = max(x, 0) + log1p(exp(-|x|))`` [FP32];
+the top ``k = num_experts_per_tok`` experts of ``s + correction_bias`` are selected and the
+weights gather the UNBIASED ``s``: ``w = s_sel / (sum s_sel + 1e-20) * routed_scaling_factor``
+(the division only when ``norm_topk_prob`` and ``k > 1``).
+
+Tie rule (the golden's stable order): biased score descending, equal scores by ascending
+expert index.  The kernel selects by ``k`` arg-max passes: ``m = max(b)``; the chosen
+expert is the SMALLEST index ``e`` with ``b[e] == m`` (``amin`` over an FP32 iota masked
+by an exact FP32 equality); its ``s`` is gathered by a one-hot sum; it is then masked to
+``-1e38`` for the next pass.  Column ``j`` is the ``j``-th best expert in that order.
+(``pypto.topk`` documents no tie order, so it is not used for selection.)
+
+ABI
+---
+================  ================  ========  =====
+name              shape             dtype     role
+================  ================  ========  =====
+x_norm            (tokens, hidden)  bfloat16  in
+gate_weight       (experts, hidden) float32   in
+correction_bias   (experts,)        float32   in
+indices           (tokens, k)       int32     out
+weights           (tokens, k)       float32   out
+================  ================  ========  =====
+
+``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; every row is active (the
+entry runs compact batches: the golden's ``num_active`` padding rule is not exercised).
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41.abi import Arg, case_int, resolve
+
+ROW_TILE = 16  # token rows per loop iteration
+TOPK_NORM_EPS = 1e-20
+MASKED = -1.0e38  # below any biased score
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "unbiased_select": "selects by the unbiased s (ignores correction_bias)",
+    "biased_weights": "takes the weights from the biased score s + bias",
+    "higher_index_ties": "breaks ties toward the HIGHER expert index",
+}
+
+ABI = (
+    Arg("x_norm", ("tokens", "hidden"), "bfloat16", "in"),
+    Arg("gate_weight", ("experts", "hidden"), "float32", "in"),
+    Arg("correction_bias", ("experts",), "float32", "in"),
+    Arg("indices", ("tokens", "k"), "int32", "out"),
+    Arg("weights", ("tokens", "k"), "float32", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    m = config.moe
+    if m.scoring_func != "sqrtsoftplus":
+        raise ValueError(f"config.moe.scoring_func: {m.scoring_func!r} is not 'sqrtsoftplus'")
+    return {"tokens": case_int(case, "tokens", minimum=1), "hidden": config.hidden_size,
+            "experts": m.n_routed_experts, "k": m.num_experts_per_tok}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``gate(x_norm, gate_weight, correction_bias, indices, weights)``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    m = config.moe
+    hidden, experts, k = config.hidden_size, m.n_routed_experts, m.num_experts_per_tok
+    inv_temp = 1.0 / m.gate_temperature
+    use_temp = m.gate_temperature != 1.0
+    normalize = bool(m.norm_topk_prob and k > 1)
+    scale = float(m.routed_scaling_factor)
+    rows = ROW_TILE
+    k_tile = (k + 7) // 8 * 8
+    use_bias = variant != "unbiased_select"
+    biased_weights = variant == "biased_weights"
+    high_ties = variant == "higher_index_ties"
+    options = {"stitch_function_max_num": 128}
+    options.update(runtime_options or {})
+    tokens_dim = pypto.frontend.dynamic("tokens")
+
+    @pypto.frontend.jit(runtime_options=options)
+    def gate(
+        x_norm: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        gate_weight: pypto.Tensor([experts, hidden], pypto.DT_FP32),
+        correction_bias: pypto.Tensor([experts], pypto.DT_FP32),
+        indices: pypto.Tensor([tokens_dim, k], pypto.DT_INT32),
+        weights: pypto.Tensor([tokens_dim, k], pypto.DT_FP32),
+    ):
+        tokens = x_norm.shape[0]
+        pypto.set_vec_tile_shapes(1, experts)
+        bias = pypto.reshape(correction_bias, [1, experts])
+        iota = pypto.reshape(pypto.arange(0.0, float(experts), 1.0), [1, experts])
+        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB (k0=256 overflows it)
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [128, 128])
+        for i in pypto.loop((tokens + rows - 1) // rows, name="GATE_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            pypto.set_vec_tile_shapes(rows, min(hidden, 512))
+            x32 = pypto.cast(pypto.view(x_norm, [rows, hidden], [start, 0],
+                                        valid_shape=[valid, hidden]), pypto.DT_FP32)
+            logits = pypto.matmul(x32, gate_weight, pypto.DT_FP32, b_trans=True)  # [rows, E]
+            pypto.set_vec_tile_shapes(rows, experts)
+            if use_temp:
+                logits = pypto.mul(logits, inv_temp)
+            soft = pypto.add(pypto.maximum(logits, 0.0),
+                             pypto.log1p(pypto.exp(pypto.mul(pypto.abs(logits), -1.0))))
+            s = pypto.sqrt(soft)
+            if use_bias:
+                b = pypto.add(s, pypto.expand_clone(bias, [rows, experts],
+                                                    valid_shape=[valid, experts]))
+            else:
+                b = s
+            iota_t = pypto.expand_clone(iota, [rows, experts], valid_shape=[valid, experts])
+            ids = []
+            ws = []
+            for _ in range(k):  # unrolled at trace time
+                best = pypto.expand_clone(pypto.amax(b, -1, keepdim=True), [rows, experts],
+                                         valid_shape=[valid, experts])
+                if high_ties:
+                    pick = pypto.amax(pypto.where(pypto.eq(b, best), iota_t, -1.0), -1,
+                                      keepdim=True)
+                else:
+                    pick = pypto.amin(pypto.where(pypto.eq(b, best), iota_t, float(experts)), -1,
+                                      keepdim=True)
+                hit = pypto.eq(iota_t, pypto.expand_clone(pick, [rows, experts],
+                                                          valid_shape=[valid, experts]))
+                src = b if biased_weights else s
+                ws.append(pypto.sum(pypto.where(hit, src, 0.0), -1, keepdim=True))
+                ids.append(pick)
+                b = pypto.where(hit, MASKED, b)
+            # normalization on [rows, 1] columns (a reduction over k < 8 FP32 lanes is
+            # rejected: the last tile axis must be 32-byte aligned)
+            if normalize:
+                total = ws[0]
+                for j in range(1, k):
+                    total = pypto.add(total, ws[j])
+                denom = pypto.add(total, TOPK_NORM_EPS)
+            cols = []  # (no comprehensions: the jit parser evaluates them without pypto)
+            for j in range(k):
+                wj = ws[j]
+                if normalize:
+                    wj = pypto.div(wj, denom)
+                cols.append(pypto.mul(wj, scale))
+            pypto.set_vec_tile_shapes(rows, k_tile)  # last tile dim: 32-byte multiple
+            # concat drops the tail's valid shape: restore it before the writes
+            idx = pypto.view(pypto.concat(ids, -1), [rows, k], [0, 0], valid_shape=[valid, k])
+            w = pypto.view(pypto.concat(cols, -1), [rows, k], [0, 0], valid_shape=[valid, k])
+            pypto.assemble(pypto.cast(idx, pypto.DT_INT32), [start, 0], indices)
+            pypto.assemble(w, [start, 0], weights)
+
+    return gate
