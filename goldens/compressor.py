@@ -327,7 +327,7 @@ def _ratio2(config, x, weights, plan: _Plan, pos, state_cache, latent, produced)
             ring_reads[rows[0]] = state_cache[block, (p0 - 1) % cap].clone()
 
     # phase 2: pooling of every closing row
-    prev_kv, prev_sc, cur, closing = [], [], [], []
+    prev_kv, prev_sc, closing = [], [], []
     for block, rows in plan.chunks:
         for i, t in enumerate(rows):
             if int(pos[t]) % 2 == 0:

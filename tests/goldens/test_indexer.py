@@ -7,7 +7,6 @@ shares no code with the module; Top-K is re-derived with Python sorting.  TINY g
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch

@@ -36,12 +36,6 @@ from goldens.tp import AttentionBatch, decode_attention, unshard_rows
 from goldens.window_cache import publish_window_kv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 CFG = TINY

@@ -17,13 +17,6 @@ from goldens.quant import dequantize_fp8_weight, dequantize_mxfp8, quantize_mxfp
 from goldens.rope import precompute_rope_tables
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny matmuls: intra-op threads only add scheduling cost (40x on a loaded runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 CFG = TINY

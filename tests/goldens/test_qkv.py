@@ -19,13 +19,6 @@ from goldens.sparse_attention import sparse_attention
 from goldens.window_cache import empty_window_cache, gather_window_kv, publish_window_kv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny matmuls: intra-op threads only add scheduling cost (40x on a loaded runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 CFG = TINY

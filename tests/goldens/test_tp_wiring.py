@@ -29,13 +29,6 @@ from goldens.tp import (AttentionBatch, all_gather_slabs, decode_attention,
 from goldens.window_cache import empty_window_cache, publish_window_kv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny matmuls: intra-op threads only add scheduling cost (40x on a loaded runner)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 CFG = TINY
