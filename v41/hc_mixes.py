@@ -1,0 +1,175 @@
+"""mHC mixes kernel: a site's ``(pre, post, comb)`` from its input lanes
+(golden: ``goldens.mhc.hc_mixes``, which returns ``HcMixes(pre, post, comb)``).
+
+``flat = x_hc.reshape(T, hc*D)`` (FP32); ``mixes = (flat @ fn^T) * rsqrt(mean(flat^2) +
+rms_norm_eps)`` [FP32 accumulation; one unweighted RMS statistic over the whole ``hc*D``
+row]; with ``s = scale``, ``b = base``, ``hc_eps = config.hc.eps``:
+
+* ``pre  = sigmoid(mixes[:hc]*s0 + b[:hc]) + hc_eps``                      ``[T, hc]``
+* ``post = 2*sigmoid(mixes[hc:2hc]*s1 + b[hc:2hc])``                       ``[T, hc]``
+* ``comb = sinkhorn(reshape(mixes[2hc:]*s2 + b[2hc:], hc, hc))``           ``[T, hc, hc]``
+
+Sinkhorn: EXACTLY ``config.hc.sinkhorn_iters`` passes (the pass count is part of the math):
+pass 1 ``M = softmax_row(logits) + eps; M /= colsum(M) + eps``; passes 2..n
+``M /= rowsum(M) + eps; M /= colsum(M) + eps`` (``comb[t, in, out]``, rows = in lanes).
+The passes are unrolled at trace time on ``[rows, hc, hc]`` tiles.
+
+The mean of squares is summed lane by lane (``sum_h sum_d x[h, d]^2``) so that each
+reduction stays inside one ``[rows, D]`` vector tile.
+
+ABI
+---
+======  ======================  ========  =====
+name    shape                   dtype     role
+======  ======================  ========  =====
+x_hc    (tokens, hc, hidden)    float32   in
+fn      (mix_hc, hc_dim)        float32   in
+scale   (3,)                    float32   in
+base    (mix_hc,)               float32   in
+pre     (tokens, hc)            float32   out
+post    (tokens, hc)            float32   out
+comb    (tokens, hc, hc)        float32   out
+======  ======================  ========  =====
+
+``mix_hc = (2 + hc) * hc``, ``hc_dim = hc * hidden``; ``tokens`` from ``case["tokens"]``
+(>= 1) is a dynamic axis.
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41.abi import Arg, case_int, resolve
+
+ROW_TILE = 8  # rows per loop iteration
+VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB)
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "short_sinkhorn": "runs one Sinkhorn pass fewer than config.hc.sinkhorn_iters",
+    "half_sinkhorn": "runs half of config.hc.sinkhorn_iters Sinkhorn passes",
+    "row_last": "ends each Sinkhorn pass on the row normalization (row/col swapped)",
+    "no_rms": "omits the rsqrt(mean(flat^2) + eps) factor",
+}
+
+ABI = (
+    Arg("x_hc", ("tokens", "hc", "hidden"), "float32", "in"),
+    Arg("fn", ("mix_hc", "hc_dim"), "float32", "in"),
+    Arg("scale", (3,), "float32", "in"),
+    Arg("base", ("mix_hc",), "float32", "in"),
+    Arg("pre", ("tokens", "hc"), "float32", "out"),
+    Arg("post", ("tokens", "hc"), "float32", "out"),
+    Arg("comb", ("tokens", "hc", "hc"), "float32", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    return {"tokens": case_int(case, "tokens", minimum=1), "hc": config.hc.hc_mult,
+            "hidden": config.hidden_size, "mix_hc": config.mix_hc, "hc_dim": config.hc_dim}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def _sigmoid(pypto, x):
+    """``1 / (1 + exp(-x))``; ``pypto.sigmoid`` builds its ones at the full tile shape and
+    loses a tail tile's valid shape (DIVOpError on the last, partial row tile)."""
+    return pypto.reciprocal(pypto.add(pypto.exp(pypto.mul(x, -1.0)), 1.0))
+
+
+def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
+    """Sinkhorn on a ``[rows, hc, hc]`` tile (module level: traced, may return)."""
+    m = pypto.exp(pypto.sub(logits, pypto.amax(logits, -1, keepdim=True)))
+    m = pypto.add(pypto.div(m, pypto.sum(m, -1, keepdim=True)), eps)
+    m = pypto.div(m, pypto.add(pypto.sum(m, -2, keepdim=True), eps))
+    for _ in range(passes - 1):
+        if row_last:
+            m = pypto.div(m, pypto.add(pypto.sum(m, -2, keepdim=True), eps))
+            m = pypto.div(m, pypto.add(pypto.sum(m, -1, keepdim=True), eps))
+        else:
+            m = pypto.div(m, pypto.add(pypto.sum(m, -1, keepdim=True), eps))
+            m = pypto.div(m, pypto.add(pypto.sum(m, -2, keepdim=True), eps))
+    return m
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``hc_mixes(x_hc, fn, scale, base, pre, post, comb)``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    hc, hidden = config.hc.hc_mult, config.hidden_size
+    mix, hc_dim = config.mix_hc, config.hc_dim
+    passes = config.hc.sinkhorn_iters
+    if variant == "short_sinkhorn":
+        passes -= 1
+    elif variant == "half_sinkhorn":
+        passes //= 2
+    if passes < 1:
+        raise ValueError(f"config.hc.sinkhorn_iters: {config.hc.sinkhorn_iters} must be >= 1")
+    row_last = variant == "row_last"
+    use_rms = variant != "no_rms"
+    eps = float(config.hc.eps)
+    rms_eps = float(config.rms_norm_eps)
+    inv_count = 1.0 / hc_dim
+    rows = ROW_TILE
+    tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
+    options = {"stitch_function_max_num": 128}
+    options.update(runtime_options or {})
+    tokens_dim = pypto.frontend.dynamic("tokens")
+
+    @pypto.frontend.jit(runtime_options=options)
+    def hc_mixes(
+        x_hc: pypto.Tensor([tokens_dim, hc, hidden], pypto.DT_FP32),
+        fn: pypto.Tensor([mix, hc_dim], pypto.DT_FP32),
+        scale: pypto.Tensor([3], pypto.DT_FP32),
+        base: pypto.Tensor([mix], pypto.DT_FP32),
+        pre: pypto.Tensor([tokens_dim, hc], pypto.DT_FP32),
+        post: pypto.Tensor([tokens_dim, hc], pypto.DT_FP32),
+        comb: pypto.Tensor([tokens_dim, hc, hc], pypto.DT_FP32),
+    ):
+        tokens = x_hc.shape[0]
+        x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
+        pypto.set_vec_tile_shapes(1, 32)
+        s2 = pypto.reshape(scale, [1, 3])
+        b2 = pypto.reshape(base, [1, mix])
+        # per-group scale rows (a [1, 1] operand may broadcast along one axis only)
+        sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
+        sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
+        sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
+        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
+        pypto.set_cube_tile_shapes([16, 16], [256, 1024], [32, 32])
+        for i in pypto.loop((tokens + rows - 1) // rows, name="HC_MIXES_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            flat = pypto.view(x2, [rows, hc_dim], [start, 0], valid_shape=[valid, hc_dim])
+            pypto.set_vec_tile_shapes(tile_rows, hidden)
+            sq = pypto.sum(pypto.mul(flat[:, 0:hidden], flat[:, 0:hidden]), -1, keepdim=True)
+            for h in range(1, hc):
+                xh = pypto.view(flat, [rows, hidden], [0, h * hidden], valid_shape=[valid, hidden])
+                sq = pypto.add(sq, pypto.sum(pypto.mul(xh, xh), -1, keepdim=True))
+            mm = pypto.matmul(flat, fn, pypto.DT_FP32, b_trans=True)  # [rows, mix]
+            pypto.set_vec_tile_shapes(rows, 32)
+            if use_rms:
+                rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
+                mm = pypto.mul(mm, rstd)
+            z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0], valid_shape=[valid, hc]),
+                                        sc_pre),
+                              pypto.view(b2, [1, hc], [0, 0]))
+            z_post = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, hc],
+                                                    valid_shape=[valid, hc]),
+                                         sc_post),
+                               pypto.view(b2, [1, hc], [0, hc]))
+            z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
+                                                    valid_shape=[valid, hc * hc]),
+                                         sc_comb),
+                               pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+            pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
+            pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
+            pypto.set_vec_tile_shapes(1, 16, 32)
+            logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
+            m = _sinkhorn(pypto, logits, passes, eps, row_last)
+            pypto.assemble(m, [start, 0, 0], comb)
+
+    return hc_mixes
