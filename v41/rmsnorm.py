@@ -27,7 +27,7 @@ is imported, see ``harness.platforms.pypto_env``); :func:`build` does.
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from dataclasses import dataclass
+from v41.abi import Arg, ResolvedArg, resolve
 
 ROW_TILE = 8  # rows per loop iteration
 VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB); [8, 5120] fails "Run pass"
@@ -39,24 +39,6 @@ VARIANTS = {
     "half_count": "divides the sum of squares by hidden_size / 2 (mean over the wrong count)",
     "no_eps": "omits eps (all-zero rows become NaN)",
 }
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One kernel argument: ``dims`` are names resolved by :func:`dims` (or ints)."""
-
-    name: str
-    dims: tuple
-    dtype: str  # torch dtype name
-    role: str  # "in" | "out" | "inout"
-
-
-@dataclass(frozen=True)
-class ResolvedArg:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    role: str
 
 
 ABI: tuple[Arg, ...] = (
@@ -76,9 +58,7 @@ def dims(config, case: dict) -> dict[str, int]:
 
 def abi(config, case: dict) -> tuple[ResolvedArg, ...]:
     """``ABI`` with concrete shapes for ``config`` and ``case``."""
-    d = dims(config, case)
-    return tuple(ResolvedArg(a.name, tuple(d[x] if isinstance(x, str) else int(x) for x in a.dims),
-                             a.dtype, a.role) for a in ABI)
+    return resolve(ABI, dims(config, case))
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
