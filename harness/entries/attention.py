@@ -1,0 +1,226 @@
+"""The six attention modes, decode and prefill: twelve entries built from one table.
+
+``decode_<mode>`` / ``prefill_<mode>`` for mode in swa, c2a_full, c2a_reuse, c1a_full,
+c1a_reindex, c1a_reuse run the mode's representative layer of the preset
+(``config.representative_layer``).  Fixture: ``attention_fixture``; reference and
+alternate path: ``attention_paths`` (no v41 kernel exists for these modes yet, so the SUT
+is the labelled per-rank recomposition through the golden pieces and host transports).
+
+Comparison per DP group ``g`` (output names carry ``g{g}.``):
+
+* Top-K: Full/Reindex ``check_topk`` on the SUT's rows against the golden's rows and
+  scores (Reindex: inside the input candidate mask) BEFORE the output; an accepted
+  selection other than the nominal one gets its output reference recomputed from the
+  reference caches and original weights (``attention_paths.selected_output``).  Reuse:
+  the rows must be the source's, byte for byte.
+* output on active rows: C2A modes ``check_c2a_budget``; SWA and C1A ``check_row_bound``;
+  padding rows ``check_zero_rows``; active rows ``check_sentinel``; multi-rank replicated:
+  ``check_replicas`` over the ranks' outputs (and Top-K rows); sharded: slab rows past T
+  zero.
+* caches: every tensor the mode does not own byte-identical to the input; owned tensors
+  byte-identical outside the published slots, published rows dequantized (window MXFP8
+  1 %, compressed KV / index keys MXFP4 4 %), the ratio-2 state ring by ``check_state_ring``
+  (``|a-r| <= 1e-5 + 5e-3|r|`` at written slots, exact elsewhere), the published Top-K
+  scratch equal to the rows the layer attended to, the candidate mask equal to the golden's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from goldens.config import Mode
+from goldens.modes import owned_keys
+from goldens.quant import dequantize_compressed_kv, dequantize_index_key, dequantize_window_kv
+from harness.case import Case, Support, standard_matrix
+from harness.compare import (MXFP4_CACHE_MAX_REL_L2, MXFP8_CACHE_MAX_REL_L2, check_c2a_budget,
+                             check_dequantized_rows, check_non_owned_bytes, check_replicas, check_row_bound,
+                             check_sentinel, check_state_ring, check_topk, check_zero_rows)
+from harness.entries import attention_fixture as fixture
+from harness.entries import attention_paths as paths
+from harness.fixtures import SENTINEL
+from harness.registry import Entry, register
+from harness.verdict import single
+
+KINDS = ("mixed", "long", "masked", "zero", "sink")
+STATE_ATOL, STATE_RTOL = 1e-5, 5e-3
+_INDEXED = (Mode.C2A_FULL, Mode.C1A_FULL, Mode.C1A_REINDEX)
+_REUSE = (Mode.C2A_REUSE, Mode.C1A_REUSE)
+_PUBLICATION = ("compressed_kv", "compressed_kv_scale", "index_key", "index_key_scale")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    mode: Mode
+    budget: str  # "c2a": check_c2a_budget; "row": the contract per-row bound
+
+
+MODES = (ModeSpec(Mode.SWA, "row"), ModeSpec(Mode.C2A_FULL, "c2a"), ModeSpec(Mode.C2A_REUSE, "c2a"),
+         ModeSpec(Mode.C1A_FULL, "row"), ModeSpec(Mode.C1A_REINDEX, "row"), ModeSpec(Mode.C1A_REUSE, "row"))
+
+
+# ---- comparison --------------------------------------------------------------------------------
+
+def _missing(name: str) -> list:
+    return [single(name, "present", 1.0, 0.0, metric="output missing from the SUT's result")]
+
+
+def _slot_rows(t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    raw = t.contiguous().view(torch.uint8) if t.element_size() == 1 else t
+    return raw.reshape(-1, t.shape[-1])[slots].view(t.dtype)
+
+
+def _dequantized(config, name, flat, key_of, slots):
+    group, fn = {"window_kv": (config.cache.window_group, dequantize_window_kv),
+                 "compressed_kv": (config.cache.compressed_group, dequantize_compressed_kv),
+                 "index_key": (config.cache.index_group, dequantize_index_key)}[name]
+    return fn(_slot_rows(flat[key_of(name)], slots), _slot_rows(flat[key_of(f"{name}_scale")], slots), group)
+
+
+def _ring_slots(config, md, state_table: torch.Tensor) -> list[int]:
+    """Ring rows the ratio-2 compressor writes: the last min(len, capacity) rows of each
+    live request whose state block is valid."""
+    cap, qsl, pos = config.cache.state_capacity, md.query_start_loc.tolist(), md.position_ids.tolist()
+    slots = []
+    for r, blk in enumerate(state_table[:, 0].tolist()):
+        n = qsl[r + 1] - qsl[r]
+        if blk >= 0 and n:
+            slots += [blk * cap + pos[t] % cap for t in range(qsl[r + 1] - min(n, cap), qsl[r + 1])]
+    return slots
+
+
+def _cache_verdicts(config, case, layer, g, md, inputs, gold, actual) -> list:
+    lc, n, verdicts = config.layer_config(layer), case.active, []
+    owned = owned_keys(config, layer)
+    prefix = f"g{g}.cache."
+    for key in sorted(k for k in inputs if k.startswith(prefix)):
+        name, owner = key[len(prefix):].rsplit(".L", 1)
+        if key not in actual:
+            verdicts += _missing(key)
+        elif (name, int(owner)) not in owned:
+            verdicts += check_non_owned_bytes(key, actual[key], inputs[key])
+        elif name == "state_cache":
+            slots = _ring_slots(config, md, md.state_block_tables[lc.kv_source])
+            verdicts += check_state_ring(key, actual[key], gold[key], slots, atol=STATE_ATOL, rtol=STATE_RTOL)
+        elif name == "topk_rows":  # the published selection is the one the layer attended to
+            verdicts += check_non_owned_bytes(key, actual[key], actual["topk"][g])
+        elif name == "candidate_mask":
+            verdicts += check_non_owned_bytes(key, actual[key], gold[key])
+        else:
+            slots = (md.window_slots if name.startswith("window") else md.compressed_slots[lc.kv_source])[:n]
+            verdicts += check_non_owned_bytes(key, actual[key], inputs[key], owned=slots)
+            slots = slots[slots >= 0]
+            if not name.endswith("_scale") and slots.numel():
+                def key_of(nm):
+                    return f"{prefix}{nm}.L{owner}"
+                bound = MXFP8_CACHE_MAX_REL_L2 if name == "window_kv" else MXFP4_CACHE_MAX_REL_L2
+                verdicts += check_dequantized_rows(f"{key}.dequantized", _dequantized(config, name, actual, key_of, slots),
+                                                   _dequantized(config, name, gold, key_of, slots), max_rel_l2=bound)
+    return verdicts
+
+
+def _topk_verdicts(config, case, layer, g, batch, inputs, gold, actual):
+    """(verdicts, output reference) of group ``g``: Top-K acceptance before the output."""
+    lc, md = config.layer_config(layer), batch.metadata
+    ref = gold["out"][g]
+    if lc.mode is Mode.SWA:
+        return [], ref
+    if "topk" not in actual:
+        return _missing("topk"), ref
+    if lc.mode in _REUSE:  # Reuse uses its supplied selection directly
+        return check_non_owned_bytes(f"g{g}.topk", actual["topk"][g], gold["topk"][g]), ref
+    src = lc.kv_source
+    cand = (inputs[f"g{g}.cache.candidate_mask.L{lc.candidate_source}"]
+            if lc.mode is Mode.C1A_REINDEX else None)
+    res = check_topk(f"g{g}.topk", actual["topk"][g], gold["topk"][g], gold[f"g{g}.index_scores"],
+                     md.compressed_lens[src], batch.compressed_block_tables[src], md.token_to_req_indices,
+                     page_size=config.cache.block_size, candidate_mask=cand, topk=config.index.topk)
+    if res.passed and res.differs:
+        ref = paths.selected_output(config, case, inputs, gold, g, layer, actual["topk"][g])
+    return list(res.verdicts), ref
+
+
+def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
+    layer = config.representative_layer(spec.mode)
+    n, T = case.active, case.tokens
+    if "out" not in actual:
+        return _missing("out")
+    verdicts = []
+    for g in range(case.dp):
+        batch = fixture.batch_from(config, case, inputs, g, fixture.num_state_blocks(inputs, g))
+        topk_verdicts, ref = _topk_verdicts(config, case, layer, g, batch, inputs, gold, actual)
+        verdicts += topk_verdicts
+        out, name = actual["out"][g], f"g{g}.out"
+        if n:
+            check = check_c2a_budget if spec.budget == "c2a" else check_row_bound
+            verdicts += check(name, out, ref, rows=slice(0, n))
+            verdicts += check_sentinel(name, out, SENTINEL, rows=slice(0, n), ref=ref)
+        verdicts += check_zero_rows(name, out, rows=slice(n, T))
+        if "out_slab_tail" in actual:
+            verdicts += check_zero_rows(f"g{g}.out_slab_tail", actual["out_slab_tail"][g])
+        for key in ("out_ranks", "topk_ranks"):
+            if key in actual and actual[key].shape[1] > 1:
+                verdicts += check_replicas(f"g{g}.{key}", list(actual[key][g]))
+        verdicts += _cache_verdicts(config, case, layer, g, batch.metadata, inputs, gold, actual)
+    return verdicts
+
+
+# ---- entries ----------------------------------------------------------------------------------
+
+def _matrix(name: str, phase: str, support: Support) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
+    reserved = dict(tp=4, tokens=33, active_tokens=31, requests=6)
+    if phase == "decode":
+        base = Case(entry=name, tokens=8, requests=3)
+        cases = standard_matrix(name, support, base, "composing")
+        cases = [c.with_(kind=k) for c, k in zip(cases, ("mixed", "long", "masked", "sink"))]
+        cases += [base.with_(tp=2, dp=2, kind="zero", epochs=2),
+                  base.with_(wiring="sharded", kind="mixed", **reserved)]
+    else:
+        base = Case(entry=name, tokens=24, requests=3)
+        cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "tp_only"), ("mixed", "long"))]
+        cases += [base.with_(kind="masked", **reserved), base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2)]
+    slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),) if phase == "decode" else ()
+    return tuple(cases), slow
+
+
+def _make(spec: ModeSpec, phase: str) -> Entry:
+    name = f"{phase}_{spec.mode.value}"
+    wirings = ("replicated", "sharded") if phase == "decode" else ("replicated",)
+    support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings, kinds=KINDS,
+                      inactive_rows=True)
+    matrix, slow = _matrix(name, phase, support)
+
+    def layer(config):
+        return config.representative_layer(spec.mode)
+
+    def build_inputs(config, case):
+        with paths.small_shape_threads(config):
+            return fixture.build_inputs(config, case, layer(config))
+
+    def golden(config, case, inputs):
+        with paths.small_shape_threads(config):
+            return paths.golden(config, case, inputs, layer(config))
+
+    def compare_case(config, case, inputs, gold, actual):
+        with paths.small_shape_threads(config):
+            return compare(spec, config, case, inputs, gold, actual)
+
+    def sut(platform, config, case, inputs):
+        with paths.small_shape_threads(config):
+            return paths.alternate(layer(config))(platform, config, case, inputs)
+
+    return register(Entry(
+        name=name,
+        description=f"{phase} {spec.mode.value} attention half-layer (layer "
+                    f"representative_layer); caches by ownership, both DP groups",
+        support=support, matrix=matrix, slow_cases=slow,
+        build_inputs=build_inputs, golden=golden, compare=compare_case,
+        alternate=sut,
+        alternate_label=f"{name}: per-rank golden pieces via host transports "
+                        f"({'all-reduce' if phase == 'prefill' else 'all-reduce / all-gather+reduce-scatter'}), "
+                        f"tiny chunk budgets",
+    ))
+
+
+ENTRIES = {e.name: e for e in (_make(s, p) for p in ("decode", "prefill") for s in MODES)}
