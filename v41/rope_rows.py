@@ -6,7 +6,9 @@ identity rotation (cos 1, sin 0) when the position is negative; rows ``t >= num_
 are untouched (their bytes stay whatever the caller put there); ``num_tokens == 0`` touches
 nothing.  A position at or past the table capacity is a host error: the caller validates
 ``position_ids`` before launch (``harness.entries.rope_rows`` raises ValueError naming
-the field) -- the kernel never reads past the table because it clamps nothing upward.
+the field).  The kernel clamps only downward (``max(position, 0)``), so that host check is
+what keeps every gather inside the table; padding positions (rows >= num_tokens) are never
+read (a gather past the table aborts the interpreter with GATHEROpError).
 
 ABI
 ---
