@@ -34,6 +34,19 @@ forward drops a site's weights before loading the next), routed experts one at a
 layer-site's dequantized weights.  ``resident=True`` memoizes everything (TINY: fast
 repeated forwards).
 
+Batch invariance (``row_invariant=True``, the default).  The goldens this forward composes
+whose FP32 products go through a torch matmul -- :func:`goldens.mhc.hc_mixes`, the router's
+gate, the routed experts and the LM head -- give a row a value that depends on how many rows
+share the call (the CPU BLAS picks different kernels / blockings for M = 1 and M = 36), and
+the indexer's BF16 scores turn such a 1-ulp difference into a different Top-K row, so a
+prefill followed by decode steps would drift from a prefill of the whole sequence.  The
+forward therefore calls those four per row (``moe_rows``: the same ascending-expert loop as
+``goldens.moe.moe_block``, each expert read once, each expert product on one row); the
+exact-dot goldens (MXFP8 linears, compressor, indexer) and the attention half-layer are
+called on the whole batch.  With it, carried-cache decode reproduces a whole prefill bit for
+bit at TINY (tests/goldens/test_forward.py).  ``row_invariant=False`` calls the goldens on
+the whole batch (faster; rows then agree only up to Top-K flips).
+
 :class:`PagedCaches` owns the cache pool and hands out blocks per request as sequences grow
 (free lists, optionally permuted so physical pages are scattered); :func:`generate` runs one
 packed prefill and then greedy decode steps, one row per request per step.
