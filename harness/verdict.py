@@ -95,7 +95,8 @@ def summarize(
         raise ValueError(f"{output}: {check} has {meas.size} values but {len(labels)} row labels")
     what = metric or check
     if meas.size == 0:
-        b = float(np.asarray(bound).reshape(-1)[0]) if np.size(bound) else math.nan
+        flat = np.asarray(bound, dtype=np.float64).reshape(-1)
+        b = float(flat[0]) if flat.size else math.nan
         return Verdict(output, check, True, None, math.nan, b, math.inf,
                        f"{what}: no rows to check", relation, (), 0, 0, metric)
     ok = _RELATIONS[relation](meas, bnd)

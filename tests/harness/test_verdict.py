@@ -91,3 +91,12 @@ def test_property_margin_sign_matches_pass_and_worst_is_minimum(values, bound):
     assert v.margin == min(bound - x for x in values) == bound - v.measured
     assert set(v.failing_rows) == {i for i, x in enumerate(values) if x > bound}
     assert np.isfinite(v.margin)
+
+
+def test_no_rows_with_a_per_row_tensor_bound_is_a_pass():
+    import torch
+
+    from harness.compare import check_row_bound
+    a = torch.zeros(4, 8)
+    vs = check_row_bound("y", a, a, rows=torch.zeros(4, dtype=torch.bool))
+    assert all(v.passed and v.n_checked == 0 for v in vs)
