@@ -179,7 +179,8 @@ def _matrix(name: str, phase: str, support: Support) -> tuple[tuple[Case, ...], 
     else:
         base = Case(entry=name, tokens=24, requests=3)
         cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "tp_only"), ("mixed", "long"))]
-        cases += [base.with_(kind="masked", **reserved), base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2)]
+        cases += [base.with_(kind="masked", **reserved), base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),
+                  base.with_(tokens=12, requests=2, kind="zero")]
     slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),) if phase == "decode" else ()
     return tuple(cases), slow
 

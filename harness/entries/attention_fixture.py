@@ -1,11 +1,9 @@
 """Fixtures of the attention-mode entries: one flat dict of named tensors per case.
 
-Everything a half-layer reads or writes is a tensor under a stable name, so a saved case
-replays from ``inputs.safetensors`` alone; :func:`weights_from`, :func:`group_from` and
-:func:`caches_from` rebuild the golden structures (always as fresh copies).
-
-Names (``g{g}.`` prefixes one DP group; every group has its own batch of ``tokens`` rows
-and its own caches, the weights and RoPE tables are shared):
+Every tensor under a stable name, so a saved case replays from ``inputs.safetensors``;
+:func:`weights_from`, :func:`batch_from`, :func:`caches_from` rebuild the golden structures
+as fresh copies.  ``g{g}.`` prefixes DP group g (its own batch of ``tokens`` rows, its own
+caches); weights and RoPE tables are shared:
 
 * ``w.attn.qkv.*``, ``w.attn.o.*``, ``w.attn.attn_sink``, ``w.comp.*``, ``w.idx.*``;
 * ``rope.{base,compressed}_{cos,sin}``: serving-owned full tables;
@@ -17,12 +15,11 @@ and its own caches, the weights and RoPE tables are shared):
   ``g{g}.scratch.published``: INT32 ``[num_layers]`` 0/1, the layers that published;
 * ``out``: the BF16 ``[dp, tokens, hidden]`` output buffer, filled with the sentinel.
 
-Geometry per case kind (block tables are nonidentity permutations, one trailing -1 column):
-``mixed`` ragged requests with one empty request; ``long`` prefixes of 6-10 blocks (decode)
-or 4-8 (prefill), far past the window; ``masked`` request 0 has state block -1 (its ratio-2
-compressor is disabled) and request 1 starts with no prefix (fewer visible positions than
-the window and Top-K); ``zero`` every third active input row is zero; ``sink`` attention
-sinks are large (+12 on even heads, -30 on odd).
+Kinds: ``mixed`` ragged requests, one of them empty; ``long`` prefixes of 6-10 blocks
+(decode) or 4-8 (prefill), far past the window; ``masked`` request 0 has state block -1
+(ratio-2 compressor disabled), request 1 no prefix (fewer visible positions than window and
+Top-K); ``zero`` every third active input row zero; ``sink`` sinks +12 (even heads) / -30.
+Block tables are nonidentity permutations with one trailing -1 column.
 
 Top-K / candidate scratch of a Reuse or Reindex layer is published by running the source
 layer's golden first (its own seeded input, same batch), so the source caches, Top-K rows
@@ -219,8 +216,7 @@ def caches_from(config: V41Config, flat: dict, g: int, tokens: int) -> ModelCach
 
 
 def num_state_blocks(flat: dict, g: int) -> int | None:
-    states = [t for k, t in flat.items() if k.startswith(f"g{g}.cache.state_cache.")]
-    return int(states[0].shape[0]) if states else None
+    return next((int(t.shape[0]) for k, t in flat.items() if k.startswith(f"g{g}.cache.state_cache.")), None)
 
 
 def x_input(config: V41Config, case, g: int, tag: str) -> torch.Tensor:

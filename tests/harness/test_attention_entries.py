@@ -1,0 +1,214 @@
+"""The attention-mode entries fail through the harness when the SUT is wrong.
+
+Each test registers a temporary copy of an entry whose alternate path is broken in one
+way (a wrong output row, a non-zero padding row, a write to a non-owned cache byte, a
+duplicate Top-K entry, ...) and asserts the case fails with exactly the verdict that
+names it.  Also: the fixture is a deterministic flat dict with nonidentity tables, a
+saved case replays, and an accepted non-nominal Top-K selection is judged against an
+output recomputed for that selection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from harness import registry
+from harness.compare import TopKResult
+from harness.entries import attention
+from harness.fixtures import SENTINEL
+from harness.replay import replay_folder
+from harness.runner import run_case
+from harness.verdict import Verdict
+
+
+def _case(entry: str, **axes):
+    return registry.get(entry).matrix[0].with_(**axes)
+
+
+def run_broken(monkeypatch, entry: str, mutate, **axes):
+    """Run ``entry``'s first matrix case (with ``axes``) against its alternate path followed
+    by ``mutate(config, case, inputs, outputs)``."""
+    base = registry.get(entry)
+
+    def sut(platform, config, case, inputs):
+        produced = base.alternate(platform, config, case, inputs)
+        mutate(config, case, inputs, produced.outputs)
+        return produced
+
+    name = f"{entry}_broken"  # keeps the phase prefix the fixture reads
+    monkeypatch.setitem(registry._ENTRIES, name, dataclasses.replace(base, name=name, alternate=sut))
+    return run_case(_case(entry, **axes).with_(entry=name))
+
+
+def failed(result) -> set[tuple[str, str]]:
+    assert result.status == "fail", result.failure_text()
+    return {(v.output, v.check) for v in result.verdicts if not v.passed}
+
+
+def test_every_entry_is_registered_with_its_matrix():
+    modes = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
+    assert set(attention.ENTRIES) == {f"{p}_{m}" for p in ("decode", "prefill") for m in modes}
+    for name, entry in attention.ENTRIES.items():
+        combos = {(c.tp, c.dp, c.wiring) for c in entry.matrix}
+        reserved = [c for c in entry.matrix if c.active < c.tokens]
+        assert reserved and all(c.tp == 4 for c in reserved), name
+        if name.startswith("decode_"):
+            assert {(1, 1, "replicated"), (1, 1, "sharded"), (4, 1, "replicated"),
+                    (4, 1, "sharded")} <= combos and any(c[:2] == (2, 2) for c in combos)
+            assert [(c.tp, c.tokens, c.preset) for c in entry.slow_cases] == [(4, 192, "flash")]
+        else:
+            assert {(1, 1, "replicated"), (4, 1, "replicated")} <= combos
+            assert entry.support.wirings == ("replicated",)
+        assert set(entry.support.kinds) == {c.kind for c in entry.matrix}, name
+
+
+def test_fixture_is_deterministic_flat_and_nonidentity():
+    case = _case("decode_c1a_reindex", dp=2, tp=2)
+    config = case.config
+    entry = registry.get("decode_c1a_reindex")
+    a, b = entry.build_inputs(config, case), entry.build_inputs(config, case)
+    assert a.keys() == b.keys() and all(isinstance(t, torch.Tensor) for t in a.values())
+    assert all(torch.equal(a[k].view(torch.uint8) if a[k].element_size() == 1 else a[k],
+                           b[k].view(torch.uint8) if b[k].element_size() == 1 else b[k]) for k in a)
+    for g in (0, 1):
+        table = a[f"g{g}.meta.window_block_table"]
+        live = table[table >= 0]
+        assert not torch.equal(live, torch.arange(live.numel(), dtype=live.dtype))
+        assert bool(a[f"g{g}.scratch.published"][6])  # the candidate source ran first
+        assert bool(a[f"g{g}.cache.candidate_mask.L6"].any())
+    assert bool((a["out"] == SENTINEL).all())
+    assert not torch.equal(a["g0.x"], a["g1.x"])  # independent DP groups
+
+
+def test_a_wrong_output_row_fails_the_row_bound(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out"][0, 2] *= 1.5
+    bad = failed(run_broken(monkeypatch, "decode_c1a_full", mutate))
+    assert ("g0.out", "row_rms") in bad and ("g0.out", "row_peak") in bad
+    assert all(o == "g0.out" for o, _ in bad)
+
+
+def test_a_wrong_row_of_the_second_dp_group_fails_the_c2a_budget(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out"][1, 1] *= 1.1
+    result = run_broken(monkeypatch, "prefill_c2a_full", mutate, tp=1, dp=2)
+    assert failed(result) == {("g1.out", "row_rel_l2"), ("g1.out", "rel_l2"), ("g1.out", "cosine")}
+    row = next(v for v in result.verdicts if v.check == "row_rel_l2" and not v.passed)
+    assert row.failing_rows == (1,)
+
+
+def test_a_non_zero_padding_row_fails(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out"][0, 32, 5] = 1.0
+    result = run_broken(monkeypatch, "decode_swa", mutate, tp=4, tokens=33, active_tokens=31,
+                        requests=6, wiring="sharded")
+    assert failed(result) == {("g0.out", "zero_rows")}
+    assert next(v for v in result.verdicts if not v.passed).row == 32
+
+
+def test_a_missing_write_leaves_the_sentinel(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out"][0, 3] = SENTINEL
+    assert ("g0.out", "sentinel") in failed(run_broken(monkeypatch, "prefill_swa", mutate))
+
+
+@pytest.mark.parametrize("entry,key", [("decode_c2a_reuse", "g0.cache.compressed_kv.L2"),
+                                       ("decode_c1a_reindex", "g0.cache.topk_rows.L6"),
+                                       ("decode_swa", "g0.cache.window_kv.L1")])
+def test_a_write_to_a_non_owned_cache_fails(monkeypatch, entry, key):
+    def mutate(config, case, inputs, out):
+        out[key].view(torch.uint8).view(-1)[7] ^= 0x10
+    assert failed(run_broken(monkeypatch, entry, mutate)) == {(key, "exact_bytes")}
+
+
+def test_a_write_outside_the_published_slots_of_an_owned_cache_fails(monkeypatch):
+    key = "g0.cache.window_kv_scale.L0"
+
+    def mutate(config, case, inputs, out):
+        table = inputs["g0.meta.window_block_table"]
+        spare = min(set(range(out[key].shape[0])) - set(table[table >= 0].tolist()))
+        out[key][spare, 0] += 1  # a row of a block nobody addresses
+    result = run_broken(monkeypatch, "decode_swa", mutate)
+    assert failed(result) == {(key, "exact_bytes")}
+
+
+def test_a_corrupted_state_ring_slot_fails(monkeypatch):
+    key = "g0.cache.state_cache.L2"
+
+    def mutate(config, case, inputs, out):
+        out[key] += 0.5  # every slot: written ones exceed the bound, the rest change bytes
+    bad = failed(run_broken(monkeypatch, "decode_c2a_full", mutate))
+    assert {(key, "state_rows"), (key, "exact_bytes")} <= bad
+
+
+def test_a_duplicate_topk_entry_fails_acceptance(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["topk"][0, 0, 1] = out["topk"][0, 0, 0]
+        out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
+    result = run_broken(monkeypatch, "decode_c1a_full", mutate)
+    assert ("g0.topk", "topk_unique") in failed(result)
+    unique = next(v for v in result.verdicts if v.check == "topk_unique")
+    assert unique.failing_rows == (0,)
+
+
+def test_reuse_must_attend_to_the_source_rows(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["topk"][0] = out["topk"][0].roll(1, dims=0)
+    assert ("g0.topk", "exact_bytes") in failed(run_broken(monkeypatch, "decode_c1a_reuse", mutate))
+
+
+def test_replicas_must_be_byte_identical(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out_ranks"][0, 3, 1, 0] += 1
+    result = run_broken(monkeypatch, "decode_swa", mutate, tp=4)
+    assert failed(result) == {("g0.out_ranks", "replica_bytes")}
+
+
+def test_a_missing_cache_output_is_a_failure(monkeypatch):
+    def mutate(config, case, inputs, out):
+        del out["g0.cache.window_kv.L6"]
+    assert failed(run_broken(monkeypatch, "prefill_c1a_reindex", mutate)) == {("g0.cache.window_kv.L6", "present")}
+
+
+def _swap_one(out, token: int):
+    """Replace the first selected row of ``token`` by a row it did not select."""
+    rows = out["topk"][0, token]
+    chosen = set(rows.tolist())
+    rows[0] = next(r for r in range(10_000) if r not in chosen)
+
+
+def test_an_accepted_other_selection_is_judged_against_its_own_reference(monkeypatch):
+    """With acceptance forced, a SUT attending to another selection passes only when its
+    output is the output of that selection (recomputed from the reference caches)."""
+    accepted = TopKResult((Verdict("g0.topk", "topk_forced", True, None, 0.0, 0.0, 0.0, "forced"),),
+                          True, (0,))
+    monkeypatch.setattr(attention, "check_topk", lambda *a, **k: accepted)
+    base = registry.get("decode_c1a_full")
+
+    def consistent(config, case, inputs, out):
+        from harness.entries.attention_paths import selected_output
+        _swap_one(out, 0)
+        out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
+        inputs = base.build_inputs(config, case)
+        gold = base.golden(config, case, inputs)
+        out["out"][0] = selected_output(config, case, inputs, gold, 0, config.representative_layer(
+            attention.Mode.C1A_FULL), out["topk"][0])
+
+    def nominal_output(config, case, inputs, out):
+        _swap_one(out, 0)
+        out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
+
+    assert run_broken(monkeypatch, "decode_c1a_full", consistent).status == "pass"
+    bad = failed(run_broken(monkeypatch, "decode_c1a_full", nominal_output))
+    assert ("g0.out", "row_rms") in bad
+
+
+def test_a_saved_case_replays(tmp_path):
+    case = _case("decode_c1a_reindex", tp=2, wiring="sharded")
+    result = run_case(case, save_root=str(tmp_path))
+    assert result.status == "pass", result.failure_text()
+    replayed = replay_folder(result.data_dir, expect_wiring="sharded", rerun=True)
+    assert replayed.status == "pass", replayed.reason
