@@ -104,7 +104,8 @@ def _cache_verdicts(config, case, layer, g, md, inputs, gold, actual) -> list:
             slots = _ring_slots(config, md, md.state_block_tables[lc.kv_source])
             verdicts += check_state_ring(key, actual[key], gold[key], slots, atol=STATE_ATOL, rtol=STATE_RTOL)
         elif name == "topk_rows":  # the published selection is the one the layer attended to
-            verdicts += check_non_owned_bytes(key, actual[key], actual["topk"][g])
+            verdicts += (check_non_owned_bytes(key, actual[key], actual["topk"][g]) if "topk" in actual
+                         else _missing("topk"))
         elif name == "candidate_mask":
             verdicts += check_non_owned_bytes(key, actual[key], gold[key])
         else:
@@ -213,8 +214,8 @@ def _make(spec: ModeSpec, phase: str) -> Entry:
 
     return register(Entry(
         name=name,
-        description=f"{phase} {spec.mode.value} attention half-layer (layer "
-                    f"representative_layer); caches by ownership, both DP groups",
+        description=f"{phase} {spec.mode.value} attention half-layer at the preset's representative layer: "
+                    f"output, Top-K rows and every cache tensor by ownership, DP groups independent",
         support=support, matrix=matrix, slow_cases=slow,
         build_inputs=build_inputs, golden=golden, compare=compare_case,
         alternate=sut,
