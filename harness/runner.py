@@ -88,7 +88,12 @@ def _run(case, entry, label, sut, platform, save_root, start) -> CaseResult:
         return CaseResult(case, label, "error", reason=f"{type(err).__name__}: {err}\n{tb}",
                           seconds=time.perf_counter() - start)
     golden = entry.golden(cfg, case, clone_tensors(inputs))
-    verdicts = entry.compare(cfg, case, inputs, golden, produced.outputs)
+    try:
+        verdicts = entry.compare(cfg, case, inputs, golden, produced.outputs)
+    except (KeyError, ValueError) as err:  # e.g. a missing or misshaped SUT output
+        return CaseResult(case, label, "error", costs=produced.costs,
+                          reason=f"comparison impossible: {type(err).__name__}: {err}",
+                          seconds=time.perf_counter() - start)
     if not verdicts:
         raise RuntimeError(f"entry {entry.name}: compare returned no verdicts (nothing checked)")
     status = "pass" if all_passed(verdicts) else "fail"

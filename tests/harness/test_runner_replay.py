@@ -155,3 +155,14 @@ def test_tampered_missing_and_corrupted_files_are_named(tmp_path):
 def test_replay_of_empty_tree_fails(tmp_path):
     (tmp_path / "sharded").mkdir()
     assert replay_main([str(tmp_path / "sharded")]) == 1
+
+
+def _missing_output(platform, cfg, case, inp):
+    return SutOutput({}, [])
+
+
+def test_missing_sut_output_is_an_error_result():
+    if "selftest_missing" not in registry._ENTRIES:
+        registry.register(_entry("selftest_missing", _missing_output))
+    r = run_case(_case("selftest_missing"))
+    assert r.status == "error" and "comparison impossible" in r.reason and "out" in r.reason
