@@ -59,4 +59,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="gate", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.gate"), "a5": single_launch("v41.gate")},
+    flops=lambda cfg, case: 2 * case.tokens * cfg.hidden_size * cfg.moe.n_routed_experts,
 ))

@@ -72,4 +72,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="hc_mixes", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.hc_mixes"), "a5": single_launch("v41.hc_mixes")},
+    flops=lambda cfg, case: 2 * case.tokens * cfg.hc_dim * cfg.mix_hc,
 ))
