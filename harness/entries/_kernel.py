@@ -16,3 +16,16 @@ def single_launch(module: str, **options):
         record = result.cost_record()
         return SutOutput(dict(result.outputs), [record] if record else [])
     return run
+
+
+def run_with(platform, case, sut):
+    """(verdicts, outputs, golden) of ``case``'s entry comparison with ``sut`` (for example a
+    deliberately wrong kernel variant) in place of the registered kernel."""
+    from harness import registry
+    from harness.fixtures import clone_tensors
+    entry = registry.get(case.entry)
+    cfg = case.config
+    inputs = entry.build_inputs(cfg, case)
+    produced = sut(platform, cfg, case, clone_tensors(inputs))
+    gold = entry.golden(cfg, case, clone_tensors(inputs))
+    return entry.compare(cfg, case, inputs, gold, produced.outputs), produced.outputs, gold

@@ -6,34 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import registry
 from harness.case import Case
-from harness.entries._kernel import single_launch
-from harness.fixtures import clone_tensors
-from harness.platforms import get_platform
+from harness.entries._kernel import run_with, single_launch
 from harness.verdict import all_passed
 
 ENTRY, MODULE = "hc_head", "v41.hc_head"
 
 
-@pytest.fixture(scope="module")
-def a5sim():
-    platform = get_platform("a5sim")
-    ok, why = platform.available()
-    if not ok:
-        pytest.skip(why)
-    yield platform
-    platform.close()
 
 
 def run_variant(platform, case: Case, **options):
     """(verdicts, outputs, golden) of the entry's comparison for a kernel built with ``options``."""
-    entry = registry.get(case.entry)
-    cfg = case.config
-    inputs = entry.build_inputs(cfg, case)
-    produced = single_launch(MODULE, **options)(platform, cfg, case, clone_tensors(inputs))
-    gold = entry.golden(cfg, case, clone_tensors(inputs))
-    return entry.compare(cfg, case, inputs, gold, produced.outputs), produced.outputs, gold
+    return run_with(platform, case, single_launch(MODULE, **options))
 
 
 CASE = Case(entry=ENTRY, tokens=11, kind="onehot")

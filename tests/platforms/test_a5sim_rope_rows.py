@@ -9,29 +9,17 @@ import torch
 from harness import registry
 from harness.case import Case
 from harness.entries import rope_rows as entry_mod
+from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
-from harness.platforms import get_platform
 from harness.verdict import all_passed
 
 
-@pytest.fixture(scope="module")
-def a5sim():
-    platform = get_platform("a5sim")
-    ok, why = platform.available()
-    if not ok:
-        pytest.skip(why)
-    yield platform
-    platform.close()
 
 
 def run_variant(platform, case: Case, **options):
     """(verdicts, outputs) of the entry's comparison for a kernel built with ``options``."""
-    entry = registry.get("rope_rows")
-    cfg = case.config
-    inputs = entry.build_inputs(cfg, case)
-    produced = entry_mod.kernel_sut(**options)(platform, cfg, case, clone_tensors(inputs))
-    gold = entry.golden(cfg, case, clone_tensors(inputs))
-    return entry.compare(cfg, case, inputs, gold, produced.outputs), produced.outputs
+    verdicts, out, _ = run_with(platform, case, entry_mod.kernel_sut(**options))
+    return verdicts, out
 
 
 def failing(verdicts) -> set[tuple[str, str]]:
