@@ -15,7 +15,9 @@ import time
 import pytest
 import torch
 
-import goldens.checkpoint as ckmod
+import goldens.checkpoint.reader as ckreader
+import goldens.checkpoint.schema as ckschema
+import goldens.checkpoint.writer as ckwriter
 from goldens.checkpoint import (CONFIG_FILE, DTYPES, INDEX_FILE, Checkpoint, CheckpointError,
                                 checkpoint_schema, linear_format, write_synthetic_checkpoint)
 from goldens.compressor import compressor_ratio1, index_key_from_latent
@@ -265,7 +267,7 @@ def _header_len(path):
 def test_tensor_reads_only_its_byte_range(written, monkeypatch):
     root = written[0]
     counter = _Counter()
-    monkeypatch.setattr(ckmod, "open", counter.open, raising=False)
+    monkeypatch.setattr(ckreader, "open", counter.open, raising=False)
     ck = Checkpoint(root, TINY)
     assert counter.reads == []  # construction reads JSON only, no shard
     key = "layers.5.ffn.experts.7.w2.weight"
@@ -289,7 +291,7 @@ def test_tensor_reads_only_its_byte_range(written, monkeypatch):
 def test_expert_loads_one_expert(written, monkeypatch):
     root = written[0]
     counter = _Counter()
-    monkeypatch.setattr(ckmod, "open", counter.open, raising=False)
+    monkeypatch.setattr(ckreader, "open", counter.open, raising=False)
     ck = Checkpoint(root, TINY)
     schema = checkpoint_schema(TINY)
     layer, e = 7, 11
@@ -465,7 +467,7 @@ def test_wrong_dtype(copy):
     ("head_dim", 128), ("sliding_window", 16), ("kv_source_layer_ids", [2, 6]),
     ("index_source_layer_ids", [2, 4, 6])])
 def test_config_field_mismatch(copy, field, value):
-    want = ckmod._expected_text_fields(TINY)[field]
+    want = ckschema._expected_text_fields(TINY)[field]
 
     def edit(d):
         d["text_config"][field] = value
@@ -576,7 +578,7 @@ def test_extra_released_keys_are_readable(copy):
     header = {"layers.1.engram.q_weight": {"dtype": "BF16", "shape": [8, 4],
                                            "data_offsets": [0, 64]}}
     with open(copy / name, "wb") as f:
-        f.write(ckmod._header_bytes(header) + extra.view(torch.uint8).numpy().tobytes())
+        f.write(ckwriter._header_bytes(header) + extra.view(torch.uint8).numpy().tobytes())
     _edit_json(copy / INDEX_FILE,
                lambda d: d["weight_map"].__setitem__("layers.1.engram.q_weight", name))
     ck = Checkpoint(copy, TINY)
@@ -588,13 +590,13 @@ def test_extra_released_keys_are_readable(copy):
 def test_chunked_generation_keeps_layout(monkeypatch):
     """Large tensors are generated in 32-row chunks (FLASH streaming); forcing tiny chunks
     still produces exactly the schema's bytes, with whole 32x32 FP8 blocks per chunk."""
-    monkeypatch.setattr(ckmod, "_CHUNK_ELEMS", 2048)
+    monkeypatch.setattr(ckwriter, "_CHUNK_ELEMS", 2048)
     schema = checkpoint_schema(TINY)
     out: dict[str, bytearray] = {}
     for group in (("layers.0.attn.wq_b.weight", "layers.0.attn.wq_b.scale"),
                   ("layers.0.ffn.experts.1.w2.weight", "layers.0.ffn.experts.1.w2.scale"),
                   ("head.weight",)):
-        ckmod._emit(group, schema, SEED, lambda k, b: out.setdefault(k, bytearray()).extend(b))
+        ckwriter._emit(group, schema, SEED, lambda k, b: out.setdefault(k, bytearray()).extend(b))
         for k in group:
             assert len(out[k]) == _nbytes(*schema[k]), k
     shape, _ = schema["layers.0.attn.wq_b.weight"]
