@@ -9,6 +9,7 @@ adding a mode is adding one entry module under ``harness/entries/``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -77,6 +78,18 @@ def register(entry: Entry) -> Entry:
         raise ValueError(f"entry: {entry.name!r} is registered twice")
     _ENTRIES[entry.name] = entry
     return entry
+
+
+@contextlib.contextmanager
+def registered(*new: Entry):
+    """Register ``new`` entries for the duration of a ``with`` block (tests, experiments)."""
+    for e in new:
+        register(e)
+    try:
+        yield new
+    finally:
+        for e in new:
+            _ENTRIES.pop(e.name, None)
 
 
 def _load_all() -> None:

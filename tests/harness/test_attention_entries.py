@@ -39,8 +39,8 @@ def run_broken(monkeypatch, entry: str, mutate, **axes):
         return produced
 
     name = f"{entry}_broken"  # keeps the phase prefix the fixture reads
-    monkeypatch.setitem(registry._ENTRIES, name, dataclasses.replace(base, name=name, alternate=sut))
-    return run_case(_case(entry, **axes).with_(entry=name))
+    with registry.registered(dataclasses.replace(base, name=name, alternate=sut)):
+        return run_case(_case(entry, **axes).with_(entry=name))
 
 
 def failed(result) -> set[tuple[str, str]]:

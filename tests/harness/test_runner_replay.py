@@ -67,10 +67,16 @@ def _entry(name, sut):
                  alternate=sut, alternate_label=name)
 
 
-for _name, _sut in (("selftest_good", _good), ("selftest_bad_row", _bad_last_row),
-                    ("selftest_padding", _forgets_padding), ("selftest_crash", _crashes)):
-    if _name not in registry._ENTRIES:
-        registry.register(_entry(_name, _sut))
+SELFTEST = [_entry(name, sut) for name, sut in (
+    ("selftest_good", _good), ("selftest_bad_row", _bad_last_row),
+    ("selftest_padding", _forgets_padding), ("selftest_crash", _crashes),
+    ("selftest_missing", lambda platform, cfg, case, inp: SutOutput({}, [])))]
+
+
+@pytest.fixture(autouse=True)
+def _selftest_entries():
+    with registry.registered(*SELFTEST):
+        yield
 
 
 def _case(name, **kw):
@@ -157,12 +163,6 @@ def test_replay_of_empty_tree_fails(tmp_path):
     assert replay_main([str(tmp_path / "sharded")]) == 1
 
 
-def _missing_output(platform, cfg, case, inp):
-    return SutOutput({}, [])
-
-
 def test_missing_sut_output_is_an_error_result():
-    if "selftest_missing" not in registry._ENTRIES:
-        registry.register(_entry("selftest_missing", _missing_output))
     r = run_case(_case("selftest_missing"))
     assert r.status == "error" and "comparison impossible" in r.reason and "out" in r.reason
