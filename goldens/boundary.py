@@ -8,7 +8,8 @@ Forward at the boundary (the backbone runs between :func:`embed` and :func:`hc_h
     h      = hc_head(x_hc, last_pre)          [BF16] collapse with the last delayed pre-mix
     h      = final_norm(h)                    [BF16] RMSNorm (goldens.norm.rms_norm)
     rows   = gather_logit_rows(h, idx)        -1 rows give zero hidden
-    logits = lm_head(rows)                    FP32, vocab sharded by TP, rank-order reassembly
+    logits = lm_head(rows)                    FP32 (FP64 accumulation, one rounding to FP32),
+                                              vocab sharded by TP, rank-order reassembly
     ids    = greedy_sample(logits)            INT32, lowest index among equal maxima
 
 Tie rule of :func:`greedy_sample`: the FIRST (lowest vocab index) maximum, the same rule as
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from goldens.config import V41Config, local_vocab
+from goldens.exact import matmul_fp32
 from goldens.mhc import hc_head, initial_pre_mix
 from goldens.norm import rms_norm
 
@@ -77,12 +79,13 @@ def vocab_shard(head_weight: torch.Tensor, cfg: V41Config, tp: int, rank: int) -
 
 
 def lm_head_shard(hidden: torch.Tensor, head_shard: torch.Tensor) -> torch.Tensor:
-    """One rank's FP32 logits ``[R, V/tp]``: BF16 hidden upcast, FP32 head, [FP32
-    accumulation], no narrowing."""
+    """One rank's FP32 logits ``[R, V/tp]``: [BF16] hidden, FP32 head, [FP64 accumulation,
+    one rounding to FP32] (:func:`goldens.exact.matmul_fp32`: a row's logits do not depend
+    on the other rows; streamed over vocab chunks), no narrowing."""
     if hidden.dim() != 2 or head_shard.dim() != 2 or hidden.shape[1] != head_shard.shape[1]:
         raise ValueError(f"hidden/head_shard: shapes {tuple(hidden.shape)} and "
                          f"{tuple(head_shard.shape)} do not contract")
-    return hidden.to(torch.bfloat16).to(torch.float32) @ head_shard.to(torch.float32).T
+    return matmul_fp32(hidden.to(torch.bfloat16), head_shard.to(torch.float32))
 
 
 def lm_head(hidden: torch.Tensor, head_weight: torch.Tensor, cfg: V41Config,

@@ -18,7 +18,8 @@ Math (rounding boundaries in brackets):
   caches share one block table; ``metadata.index_slots == compressed_slots``).
 
 Projections are the correctly rounded FP32 value of the exact dot product (computed in
-FP64, then one FP32 rounding): this is the FP32-accumulation reference with the
+FP64, then one FP32 rounding; :func:`goldens.exact.project_fp32`, shared with every FP32
+projection of the goldens): this is the FP32-accumulation reference with the
 summation-order dependence removed, so a row's result never depends on how many other rows
 share the call (chunked and unchunked calls agree bit for bit).  RMSNorm is
 :func:`goldens.norm.rms_norm` (FP64 row statistic, FP32 scaling, one BF16 cast).
@@ -72,6 +73,7 @@ import torch
 
 from goldens.checks import check_query_starts, check_tensor as _tensor, fail as _fail
 from goldens.config import V41Config
+from goldens.exact import project_fp32
 from goldens.norm import rms_norm
 from goldens.quant import cache_abi, quantize_compressed_kv, quantize_index_key
 from goldens.rope import apply_rope_tail
@@ -162,12 +164,6 @@ class CompressorResult:
 
 
 # ---- math ------------------------------------------------------------------------------------
-
-def project_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w`` as the correctly rounded FP32 value of the exact dot (FP64 accumulate,
-    one FP32 rounding); row results do not depend on the other rows."""
-    return (x.to(torch.float64) @ w.to(torch.float64)).to(torch.float32)
-
 
 def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """:func:`goldens.norm.rms_norm` of ``x`` as BF16: FP32 math (FP64 row statistic), one

@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from goldens.config import V41Config
+from goldens.exact import matmul_fp32, sigmoid_fp32
 
 
 class HcMixes(NamedTuple):
@@ -98,11 +99,15 @@ def hc_mixes(x_hc: torch.Tensor, weights: HcSiteWeights, cfg: V41Config) -> HcMi
     """A site's (pre, post, comb) from its input lanes ``x_hc [T, hc, D]``, all FP32.
 
     ``flat = x_hc.reshape(T, hc*D)`` in FP32; ``mixes = (flat @ fn^T) * rsqrt(mean(flat^2)
-    + cfg.rms_norm_eps)`` [FP32 accumulation; one unweighted RMS statistic over the whole
-    ``hc*D`` row]; with ``s = scale``, ``b = base`` and ``hc_eps = cfg.hc.eps``:
+    + cfg.rms_norm_eps)`` [``flat @ fn^T``: FP64 accumulation, one rounding to FP32
+    (:func:`goldens.exact.matmul_fp32`, so a row's mixes do not depend on its batch); the
+    scaling in FP32; one unweighted RMS statistic over the whole ``hc*D`` row]; with ``s = scale``, ``b = base`` and ``hc_eps = cfg.hc.eps``:
     ``pre = sigmoid(mixes[:hc]*s0 + b[:hc]) + hc_eps``,
     ``post = 2*sigmoid(mixes[hc:2hc]*s1 + b[hc:2hc])``,
     ``comb = sinkhorn(reshape(mixes[2hc:]*s2 + b[2hc:], hc, hc))`` (:func:`sinkhorn`).
+    The sigmoid is :func:`goldens.exact.sigmoid_fp32` (FP64 evaluation, one rounding to
+    FP32): torch's FP32 sigmoid differs in the last bit between its vector body and scalar
+    tail, which would make a row's pre/post depend on the batch size.
     """
     t = _require_x_hc(x_hc, cfg)
     hc, mix = cfg.hc.hc_mult, cfg.mix_hc
@@ -116,9 +121,9 @@ def hc_mixes(x_hc: torch.Tensor, weights: HcSiteWeights, cfg: V41Config) -> HcMi
     scale = weights.scale.to(torch.float32)
     base = weights.base.to(torch.float32)
     rstd = torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + cfg.rms_norm_eps)
-    mixes = (flat @ fn.T) * rstd
-    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + cfg.hc.eps
-    post = 2.0 * torch.sigmoid(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    mixes = matmul_fp32(flat, fn) * rstd
+    pre = sigmoid_fp32(mixes[:, :hc] * scale[0] + base[:hc]) + cfg.hc.eps
+    post = 2.0 * sigmoid_fp32(mixes[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
     logits = (mixes[:, 2 * hc:] * scale[2] + base[2 * hc:]).reshape(t, hc, hc)
     return HcMixes(pre, post, sinkhorn(logits, cfg))
 

@@ -7,18 +7,25 @@ Expert math (SwiGLU with clamps, ``limit = cfg.moe.swiglu_limit``), rounding bou
 brackets::
 
     a   = MX(x)                                  MXFP8 activation, upward E8M0 scale, group 32
-    g   = [BF16](a @ W1^T)    u = [BF16](a @ W3^T)        FP32 accumulation, one BF16 cast
+    g   = [BF16](a @ W1^T)    u = [BF16](a @ W3^T)        FP64 accumulation, one rounding
+                                                          to FP32, one BF16 cast
     g   = clamp(g, max=limit) u = clamp(u, -limit, limit) FP32
-    h   = [BF16](silu(g) * u * route_weight)              FP32; weight applied BEFORE W2
-    y   = [BF16](MX(h) @ W2^T)                            re-quantized MXFP8, FP32 accumulation
+    h   = [BF16](silu(g) * u * route_weight)              FP32 (silu: FP64, one rounding);
+                                                          weight applied BEFORE W2
+    y   = [BF16](MX(h) @ W2^T)                            re-quantized MXFP8, FP64
+                                                          accumulation, one rounding to FP32
     out = [BF16](shared_y + routed_sum)                   routed_sum FP32, see below
 
 The shared expert is the same SwiGLU without a route weight, with checkpoint MXFP8 weights
 (``[N, K]`` E4M3, one E8M0 per 32x32 block) through :func:`goldens.quant.mxfp8_linear`
 (per-K-group FP32 partials).  Routed experts carry packed MXFP4 weights (``[N, K/2]`` uint8,
 element 2i in the low nibble, one E8M0 per 32 input columns ``[N, K/32]``); their operands are
-dequantized exactly (FP4 * 2^e and E4M3 * 2^e are exact in FP32) and contracted with an
-FP32-accumulating matmul.
+dequantized exactly (FP4 * 2^e and E4M3 * 2^e are exact in FP32; the weights are built
+directly in FP64, which holds the same values) and contracted with FP64 accumulation and ONE
+rounding to FP32 (:func:`goldens.exact.matmul_fp32`), then the [BF16] cast above.  A routed
+product of a token therefore does not depend on which other tokens chose the same expert
+(batch-invariant), and the FP32 value is the FP32-accumulation reference with the
+summation order removed.
 
 Memory: routed experts are dequantized ONE AT A TIME.  The loop visits experts in ascending
 index, skips experts without tokens (their weights are never even fetched), gathers the
@@ -38,6 +45,7 @@ from typing import NamedTuple, Protocol, Sequence
 import torch
 
 from goldens.config import MX_GROUP, V41Config, local_experts
+from goldens.exact import matmul_fp32, silu_fp32
 from goldens.quant import (FP4_E2M1_VALUES, E8M0_NAN, dequantize_fp4_expert_weight,
                            dequantize_mxfp8, e8m0_decode, mxfp8_linear, quantize_fp4_expert_weight,
                            quantize_fp8_weight, quantize_mxfp8_activation)
@@ -76,20 +84,23 @@ def quantize_shared_expert(w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor)
                          *quantize_fp8_weight(w2))
 
 
-_FP4_SCALED_LUT: torch.Tensor | None = None
+_FP4_SCALED_LUTS: dict[torch.dtype, torch.Tensor] = {}
+_DEQUANT_DTYPES = (torch.float32, torch.float64)
 
 
-def _fp4_scaled_lut() -> torch.Tensor:
-    """FP32 ``[255*256, 2]``: row ``code*256 + byte`` = the two E2M1 values of ``byte`` (low
-    nibble first) times ``2^(code-127)``; every entry is exact in FP32."""
-    global _FP4_SCALED_LUT
-    if _FP4_SCALED_LUT is None:
+def _fp4_scaled_lut(dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[255*256, 2]`` of ``dtype`` (FP32 or FP64): row ``code*256 + byte`` = the two E2M1
+    values of ``byte`` (low nibble first) times ``2^(code-127)``; every entry is exact in FP32
+    (the FP64 table holds the same values)."""
+    lut = _FP4_SCALED_LUTS.get(dtype)
+    if lut is None:
         vals = torch.tensor(FP4_E2M1_VALUES, dtype=torch.float32)
         b = torch.arange(256)
         pair = torch.stack((vals[b & 15], vals[b >> 4]), dim=-1)
         scales = e8m0_decode(torch.arange(E8M0_NAN, dtype=torch.uint8))
-        _FP4_SCALED_LUT = (scales[:, None, None] * pair[None]).reshape(-1, 2)
-    return _FP4_SCALED_LUT
+        lut = (scales[:, None, None] * pair[None]).reshape(-1, 2).to(dtype)
+        _FP4_SCALED_LUTS[dtype] = lut
+    return lut
 
 
 def _check_fp4(packed: torch.Tensor, scales: torch.Tensor) -> tuple[int, int, int]:
@@ -126,27 +137,32 @@ class Fp4Workspace:
 
 
 def dequantize_fp4_fast(packed: torch.Tensor, scales: torch.Tensor,
-                        workspace: Fp4Workspace | None = None, slot: str = "w") -> torch.Tensor:
-    """FP32 ``[N, K]`` of a packed MXFP4 expert weight, bit-identical to
+                        workspace: Fp4Workspace | None = None, slot: str = "w",
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[N, K]`` of a packed MXFP4 expert weight, bit-identical (as values) to
     :func:`goldens.quant.dequantize_fp4_expert_weight` (one table lookup per packed byte,
-    scale folded into the table).  With a ``workspace`` the result lives in its ``slot``
-    buffer."""
+    scale folded into the table).  ``dtype`` FP32 (default) or FP64 (the same exact values,
+    ready for FP64 accumulation without a conversion pass).  With a ``workspace`` the result
+    lives in its ``slot`` buffer."""
+    if dtype not in _DEQUANT_DTYPES:
+        raise ValueError(f"dtype: {dtype} is not one of {_DEQUANT_DTYPES}")
     n, half, groups = _check_fp4(packed, scales)
     per = MX_GROUP // 2
     ws = workspace if workspace is not None else Fp4Workspace()
     idx = ws.get(("idx",), (n, groups, per), torch.int32)
     torch.add(packed.view(n, groups, per), (scales.to(torch.int32) << 8)[..., None], out=idx)
-    out = ws.get((slot,), (n * half, 2), torch.float32)
-    torch.index_select(_fp4_scaled_lut(), 0, idx.view(-1), out=out)
+    out = ws.get((slot,), (n * half, 2), dtype)
+    torch.index_select(_fp4_scaled_lut(dtype), 0, idx.view(-1), out=out)
     return out.view(n, 2 * half)
 
 
-def dequantize_routed_expert(ew: ExpertWeights, workspace: Fp4Workspace | None = None
+def dequantize_routed_expert(ew: ExpertWeights, workspace: Fp4Workspace | None = None,
+                             dtype: torch.dtype = torch.float32
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FP32 ``(W1, W3, W2)`` of a routed expert (exact)."""
-    return (dequantize_fp4_fast(ew.w1, ew.w1_scale, workspace, "w1"),
-            dequantize_fp4_fast(ew.w3, ew.w3_scale, workspace, "w3"),
-            dequantize_fp4_fast(ew.w2, ew.w2_scale, workspace, "w2"))
+    """``(W1, W3, W2)`` of a routed expert (exact), FP32 or FP64 ``dtype``."""
+    return (dequantize_fp4_fast(ew.w1, ew.w1_scale, workspace, "w1", dtype),
+            dequantize_fp4_fast(ew.w3, ew.w3_scale, workspace, "w3", dtype),
+            dequantize_fp4_fast(ew.w2, ew.w2_scale, workspace, "w2", dtype))
 
 
 # ---- pieces --------------------------------------------------------------------------------
@@ -161,12 +177,14 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float,
            route_weight: torch.Tensor | None = None) -> torch.Tensor:
     """FP32 ``silu(clamp(g, max=limit)) * clamp(u, -limit, limit) [* route_weight]``.
 
-    ``route_weight`` is ``[t]`` (one per row) or None (shared expert).  The caller applies
+    ``silu`` is :func:`goldens.exact.silu_fp32` (FP64 evaluation, one rounding to FP32: the
+    FP32 torch kernel's vector body and scalar tail differ in the last bit, which would make
+    a row depend on the number of rows in the call); the products are FP32.  ``route_weight`` is ``[t]`` (one per row) or None (shared expert).  The caller applies
     the [BF16] cast.
     """
     g = torch.clamp(g.to(torch.float32), max=limit)
     u = torch.clamp(u.to(torch.float32), -limit, limit)
-    h = torch.nn.functional.silu(g) * u
+    h = silu_fp32(g) * u
     if route_weight is not None:
         h = h * route_weight.to(torch.float32)[:, None]
     return h
@@ -177,18 +195,21 @@ def routed_expert(x: torch.Tensor, route_weight: torch.Tensor, ew: ExpertWeights
                   workspace: Fp4Workspace | None = None) -> torch.Tensor:
     """One routed expert on its gathered tokens ``x [t, D]`` -> BF16 ``[t, D]``.
 
-    Boundaries: MX(x); [BF16](MX(x) @ W1^T), [BF16](MX(x) @ W3^T) with FP32 accumulation;
-    clamps; [BF16](silu(g)*u*route_weight) (weight BEFORE W2); MX(h); [BF16](MX(h) @ W2^T).
-    ``x_mx`` may pass a precomputed ``mx_activation(x)`` (MXFP8 is per row, so gathering rows
+    Boundaries: MX(x); [BF16](MX(x) @ W1^T), [BF16](MX(x) @ W3^T), each product FP64
+    accumulation, one rounding to FP32 (:func:`goldens.exact.matmul_fp32`), then the BF16
+    cast; clamps; [BF16](silu(g)*u*route_weight) (weight BEFORE W2); MX(h); [BF16](MX(h) @
+    W2^T) (FP64 accumulation, one rounding to FP32, then BF16).  A row's output does not
+    depend on the other rows of the call.  The weights are dequantized straight to FP64
+    (exact).  ``x_mx`` may pass a precomputed ``mx_activation(x)`` (MXFP8 is per row, so gathering rows
     of a whole-batch quantization is identical); ``workspace`` reuses dequantization buffers.
     """
-    w1, w3, w2 = dequantize_routed_expert(ew, workspace)
+    w1, w3, w2 = dequantize_routed_expert(ew, workspace, torch.float64)
     _check_expert_shapes(w1, w3, w2, cfg, "routed expert")
     a = mx_activation(x) if x_mx is None else x_mx
-    g = (a @ w1.T).to(torch.bfloat16)
-    u = (a @ w3.T).to(torch.bfloat16)
+    g = matmul_fp32(a, w1).to(torch.bfloat16)
+    u = matmul_fp32(a, w3).to(torch.bfloat16)
     h = swiglu(g, u, cfg.moe.swiglu_limit, route_weight).to(torch.bfloat16)
-    return (mx_activation(h) @ w2.T).to(torch.bfloat16)
+    return matmul_fp32(mx_activation(h), w2).to(torch.bfloat16)
 
 
 def shared_expert(x: torch.Tensor, ew: ExpertWeights, cfg: V41Config) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """MoE router golden: sqrt-softplus gate, bias-only selection, normalized top-k weights.
 
-``logits = x_norm @ gate_w^T / gate_temperature`` [FP32 accumulation], ``s =
+``logits = x_norm @ gate_w^T / gate_temperature`` [FP64 accumulation, one rounding to FP32:
+:func:`goldens.exact.matmul_fp32`, so a row's scores do not depend on its batch], ``s =
 sqrt(softplus(logits))`` [FP32]; the top ``k = num_experts_per_tok`` experts of ``s +
 correction_bias`` are selected, but the weights are taken from the UNBIASED ``s``:
 ``w = s_sel / (sum s_sel + 1e-20) * routed_scaling_factor`` [FP32] (the 1e-20 is the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from goldens.config import V41Config
+from goldens.exact import matmul_fp32
 
 TOPK_NORM_EPS = 1e-20
 
@@ -39,7 +41,9 @@ def gate_scores(x_norm: torch.Tensor, gate_weight: torch.Tensor,
     """Unbiased scores ``s = sqrt(softplus(x_norm @ gate_w^T / temperature))`` FP32 ``[T, E]``.
 
     ``x_norm`` ``[T, D]`` (the BF16 RMSNorm output) and the FP32 gate ``[E, D]`` are upcast
-    to FP32; [FP32 accumulation] for the product; softplus and sqrt in FP32.
+    to FP32; the product is [FP64 accumulation, one rounding to FP32]
+    (:func:`goldens.exact.matmul_fp32`: batch-invariant), then the temperature division,
+    softplus and sqrt in FP32.
     """
     _require_tensor(x_norm, "x_norm")
     _require_tensor(gate_weight, "gate_weight")
@@ -51,7 +55,7 @@ def gate_scores(x_norm: torch.Tensor, gate_weight: torch.Tensor,
         raise ValueError(f"x_norm: shape {tuple(x_norm.shape)} must be [T, {d}]")
     if tuple(gate_weight.shape) != (e, d):
         raise ValueError(f"gate_weight: shape {tuple(gate_weight.shape)} must be [{e}, {d}]")
-    logits = x_norm.to(torch.float32) @ gate_weight.to(torch.float32).T
+    logits = matmul_fp32(x_norm.to(torch.float32), gate_weight.to(torch.float32))
     if m.gate_temperature != 1.0:
         logits = logits / m.gate_temperature
     return torch.sqrt(softplus(logits))
