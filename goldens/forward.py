@@ -34,18 +34,18 @@ forward drops a site's weights before loading the next), routed experts one at a
 layer-site's dequantized weights.  ``resident=True`` memoizes everything (TINY: fast
 repeated forwards).
 
-Batch invariance (``row_invariant=True``, the default).  The goldens this forward composes
-whose FP32 products go through a torch matmul -- :func:`goldens.mhc.hc_mixes`, the router's
-gate, the routed experts and the LM head -- give a row a value that depends on how many rows
-share the call (the CPU BLAS picks different kernels / blockings for M = 1 and M = 36), and
-the indexer's BF16 scores turn such a 1-ulp difference into a different Top-K row, so a
-prefill followed by decode steps would drift from a prefill of the whole sequence.  The
-forward therefore calls those four per row (``moe_rows``: the same ascending-expert loop as
-``goldens.moe.moe_block``, each expert read once, each expert product on one row); the
-exact-dot goldens (MXFP8 linears, compressor, indexer) and the attention half-layer are
-called on the whole batch.  With it, carried-cache decode reproduces a whole prefill bit for
-bit at TINY (tests/goldens/test_forward.py).  ``row_invariant=False`` calls the goldens on
-the whole batch (faster; rows then agree only up to Top-K flips).
+Batch invariance.  Every golden this forward composes gives a row the same bytes whatever
+batch it is in: the FP32 products of :func:`goldens.mhc.hc_mixes`, the router's gate, the
+routed experts and the LM head go through :func:`goldens.exact.matmul_fp32` (FP64
+accumulation, one rounding to FP32) and their sigmoid/SiLU through the FP64-evaluated
+:func:`goldens.exact.sigmoid_fp32` / :func:`goldens.exact.silu_fp32`; the MXFP8 linears,
+compressor and indexer use exact dots; the attention half-layer reduces per row.  (A plain
+FP32 torch matmul or sigmoid gives a row a value that depends on how many rows share the
+call -- the CPU BLAS picks different kernels for M = 1 and M = 36, the elementwise kernels a
+different vector/scalar split -- and the indexer's BF16 scores turn such a 1-ulp difference
+into a different Top-K row.)  So the forward calls every golden on the whole batch, and a
+prefill followed by carried-cache decode steps reproduces a prefill of the whole sequence
+bit for bit (tests/goldens/test_forward.py).
 
 :class:`PagedCaches` owns the cache pool and hands out blocks per request as sequences grow
 (free lists, optionally permuted so physical pages are scattered); :func:`generate` runs one
@@ -69,8 +69,7 @@ from goldens.config import Mode, V41Config
 from goldens.mhc import HcSiteWeights, hc_head, hc_mixes, hc_post, hc_pre, initial_pre_mix
 from goldens.modes import (ForwardBatch, IndexerWeights, ModelCaches, ModeWeights, RopeTables,
                            attention_half_layer, build_forward_batch)
-from goldens.moe import (ExpertLookup, ExpertWeights, Fp4Workspace, combine, moe_block,
-                         mx_activation, routed_expert, shared_expert)
+from goldens.moe import ExpertLookup, ExpertWeights, moe_block
 from goldens.norm import rms_norm
 from goldens.router import route
 from goldens.tp import AttentionWeights
@@ -228,90 +227,42 @@ def _finite(t: torch.Tensor, what: str) -> None:
         raise FloatingPointError(f"{what}: non-finite values")
 
 
-def _rows(fn: Callable[[torch.Tensor], object], x: torch.Tensor):
-    """``fn`` applied to each row ``x[t:t+1]`` separately (fresh contiguous copies), results
-    concatenated along dim 0 (tuples field by field)."""
-    outs = [fn(x[t:t + 1].clone()) for t in range(x.shape[0])]
-    if not outs:
-        return fn(x)
-    if isinstance(outs[0], tuple):
-        fields = [torch.cat(f, 0) for f in zip(*outs)]
-        return type(outs[0])(*fields) if hasattr(outs[0], "_fields") else tuple(fields)
-    return torch.cat(outs, 0)
-
-
-def site_mixes(config: V41Config, x_hc: torch.Tensor, w: HcSiteWeights,
-               row_invariant: bool = True):
-    """:func:`goldens.mhc.hc_mixes` of the site input (row by row when ``row_invariant``)."""
-    if not row_invariant:
-        return hc_mixes(x_hc, w, config)
-    return _rows(lambda r: hc_mixes(r, w, config), x_hc)
+def site_mixes(config: V41Config, x_hc: torch.Tensor, w: HcSiteWeights):
+    """:func:`goldens.mhc.hc_mixes` of the site input (batch-invariant, whole batch)."""
+    return hc_mixes(x_hc, w, config)
 
 
 def attention_site(config: V41Config, layer: int, x_hc: torch.Tensor, pre: torch.Tensor,
                    w: AttentionSiteWeights, caches: ModelCaches, batch: ForwardBatch,
-                   rope: RopeTables, *, row_invariant: bool = True
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
     """The Attention site of ``layer``: mixes from the Block input, collapse with the
     incoming ``pre``, attn_norm, the mode's half-layer (caches in place), hc_post.
     Returns ``(x_hc, this site's pre)``."""
-    mixes = site_mixes(config, x_hc, w.hc, row_invariant)
+    mixes = site_mixes(config, x_hc, w.hc)
     x = rms_norm(hc_pre(x_hc, pre, config), w.norm, config.rms_norm_eps)
     y, _, _ = attention_half_layer(config, layer, x, w.attention, caches, batch, rope)
     return hc_post(y, x_hc, mixes.post, mixes.comb, config), mixes.pre
 
 
-def moe_rows(config: V41Config, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-             experts: ExpertLookup, shared: ExpertWeights, active: int | None = None
-             ) -> torch.Tensor:
-    """:func:`goldens.moe.moe_block` with every expert product evaluated on ONE token row.
-
-    Same math and order as ``moe_block``: experts visited in ascending index, each read
-    once (skipped without tokens), every BF16 expert output added into its token's FP32
-    routed sum, then ``combine`` with the shared expert -- but each :func:`routed_expert`
-    call sees a single row, so a token's output never depends on which other tokens chose
-    the same expert.  Rows at or past ``active`` (padding, weight 0) route nowhere."""
-    t = x.shape[0]
-    active = t if active is None else active
-    acc = torch.zeros(t, config.hidden_size, dtype=torch.float32)
-    idx = indices[:active].to(torch.int64)
-    if active:
-        x_mx = mx_activation(x[:active])
-        workspace = Fp4Workspace()
-        for e in torch.unique(idx).tolist():  # ascending
-            rows, slots = torch.nonzero(idx == e, as_tuple=True)
-            ew = experts[e]
-            for r, s in zip(rows.tolist(), slots.tolist()):
-                y = routed_expert(x[r:r + 1].clone(), weights[r:r + 1, s], ew, config,
-                                  x_mx=x_mx[r:r + 1].clone(), workspace=workspace)
-                acc[r] += y[0].to(torch.float32)
-    return combine(shared_expert(x, shared, config), [acc])
-
-
 def ffn_site(config: V41Config, x_hc: torch.Tensor, pre: torch.Tensor, w: FfnSiteWeights,
-             active: int, *, row_invariant: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+             active: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The FFN site: mixes first, collapse with the Attention site's ``pre``, ffn_norm once,
-    router, shared + routed experts (one at a time), hc_post.  Returns ``(x_hc, pre)``."""
-    mixes = site_mixes(config, x_hc, w.hc, row_invariant)
+    router, shared + routed experts (one at a time, :func:`goldens.moe.moe_block`), hc_post.
+    Only the ``active`` rows are routed; padding rows get no expert output (zero).  Returns
+    ``(x_hc, pre)``."""
+    mixes = site_mixes(config, x_hc, w.hc)
     x = rms_norm(hc_pre(x_hc, pre, config), w.norm, config.rms_norm_eps)
-    if row_invariant:
-        idx, wts = _rows(lambda r: route(r, w.gate_weight, w.gate_bias, config), x[:active])
-        k = config.moe.num_experts_per_tok
-        pad = x.shape[0] - active
-        idx = torch.cat([idx.view(-1, k), torch.zeros(pad, k, dtype=torch.int32)])
-        wts = torch.cat([wts.view(-1, k), torch.zeros(pad, k, dtype=torch.float32)])
-        y = moe_rows(config, x, idx, wts, w.experts, w.shared, active)
-    else:
-        idx, wts = route(x, w.gate_weight, w.gate_bias, config, num_active=active)
-        y = moe_block(x, idx, wts, w.experts, w.shared, config)
-    if active < y.shape[0]:
-        y[active:] = 0  # padding rows: no expert output (their routing weight is 0)
+    y = torch.zeros(x.shape, dtype=torch.bfloat16)
+    if active:
+        xa = x[:active]
+        idx, wts = route(xa, w.gate_weight, w.gate_bias, config)
+        y[:active] = moe_block(xa, idx, wts, w.experts, w.shared, config)
     return hc_post(y, x_hc, mixes.post, mixes.comb, config), mixes.pre
 
 
 def model_forward(config: V41Config, weights: ModelWeights, token_ids: torch.Tensor,
                   batch: ForwardBatch, caches: ModelCaches, rope: RopeTables, *,
-                  check_finite: bool = True, row_invariant: bool = True,
+                  check_finite: bool = True,
                   on_site: Callable[[int, str, torch.Tensor, torch.Tensor], None] | None = None
                   ) -> ForwardOutput:
     """One forward over all layers (see the module docstring).
@@ -336,15 +287,14 @@ def model_forward(config: V41Config, weights: ModelWeights, token_ids: torch.Ten
     for lc in config.layers():
         L = lc.layer
         w_attn = weights.attention_site(L)
-        x_hc, pre = attention_site(config, L, x_hc, pre, w_attn, caches, batch, rope,
-                                   row_invariant=row_invariant)
+        x_hc, pre = attention_site(config, L, x_hc, pre, w_attn, caches, batch, rope)
         del w_attn
         if check_finite:
             _finite(x_hc[:N], f"layer {L} attention site ({lc.mode.value}) residual")
         if on_site is not None:
             on_site(L, "attn", x_hc, pre)
         w_ffn = weights.ffn_site(L)
-        x_hc, pre = ffn_site(config, x_hc, pre, w_ffn, N, row_invariant=row_invariant)
+        x_hc, pre = ffn_site(config, x_hc, pre, w_ffn, N)
         del w_ffn
         if check_finite:
             _finite(x_hc[:N], f"layer {L} FFN site residual")
@@ -355,11 +305,7 @@ def model_forward(config: V41Config, weights: ModelWeights, token_ids: torch.Ten
     hidden[N:] = 0
     rows = batch.metadata.logit_row_indices
     head = weights.head()
-    picked = gather_logit_rows(hidden, rows)
-    if row_invariant:
-        logits = _rows(lambda r: lm_head(r, head, config), picked)
-    else:
-        logits = lm_head(picked, head, config)
+    logits = lm_head(gather_logit_rows(hidden, rows), head, config)
     if check_finite:
         _finite(hidden[:N], "final hidden")
         _finite(logits, "logits")
