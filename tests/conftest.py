@@ -1,19 +1,28 @@
-"""Unit-test wiring: one torch intra-op thread for fast tests.
+"""Unit-test wiring: one torch intra-op thread, except for ``slow`` FLASH-shape tests.
 
-Their tensors are tiny, so extra threads only add scheduling cost (up to 40x on a loaded
-2-core runner with two xdist workers); ``slow`` FLASH-shape tests keep the default.
+Fast tests use tiny tensors, where extra threads only add scheduling cost (up to 40x on a
+loaded 2-core runner with two xdist workers); module-scoped fixtures (a written TINY
+checkpoint, say) run under the same single thread.
 """
 
 import pytest
 import torch
 
+DEFAULT_THREADS = torch.get_num_threads()
 
-@pytest.fixture(autouse=True)
-def _one_thread_for_fast_tests(request):
-    if request.node.get_closest_marker("slow") is not None:
-        yield
-        return
-    n = torch.get_num_threads()
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
     torch.set_num_threads(1)
     yield
-    torch.set_num_threads(n)
+    torch.set_num_threads(DEFAULT_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _all_threads_for_slow_tests(request):
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    torch.set_num_threads(DEFAULT_THREADS)
+    yield
+    torch.set_num_threads(1)

@@ -36,14 +36,6 @@ def _nbytes(shape, dt):
     return math.prod(shape) * DTYPES[dt][1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster than many (and stable under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):

@@ -32,13 +32,6 @@ BS = CFG.cache.block_size
 SEED = 11
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory):
