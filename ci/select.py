@@ -83,8 +83,19 @@ def imports_of(rel: str, source: str, index: dict[str, str]) -> set[str]:
                 base = names[-1]
             names += [f"{base}.{a.name}" if base else a.name for a in node.names]
         deps.update(index[n] for n in names if n in index)
+        # modules named by string are imports too: KernelSpec("v41.rmsnorm"), and registry
+        # entries named by their entry module, entry_params("rmsnorm")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for name in (node.value, *(f"{pkg}.{node.value}" for pkg in NAMED_MODULE_PACKAGES)):
+                if name in index:
+                    deps.add(index[name])
     deps.discard(rel)
     return deps
+
+
+# packages whose modules are loaded by a bare name at run time (the harness registry
+# imports the entry module an entry name refers to)
+NAMED_MODULE_PACKAGES = ("harness.entries",)
 
 
 def reverse_closure(root: Path, seeds: set[str], extra: set[str] = frozenset()) -> set[str]:

@@ -16,3 +16,18 @@ def test_sweep_node_runs_the_harness_cli():
     assert argv == ["python", "-m", "harness", "run", "rmsnorm", "-p", "a5", "--tp", "1",
                     "--dp", "1", "-d", "3"]
     assert node["cards"] == 1
+
+
+def test_kernel_and_entry_changes_select_their_case_files():
+    """Kernels are named by string and entries by name: the selection must still see them."""
+    from pathlib import Path
+
+    from ci.select import reverse_closure
+    root = Path(__file__).resolve().parents[2]
+
+    def cases_hit(seed):
+        return {h for h in reverse_closure(root, {seed}) if h.startswith("cases/")}
+
+    assert "cases/test_rmsnorm.py" in cases_hit("v41/rmsnorm.py")
+    assert "cases/test_gate.py" in cases_hit("harness/entries/gate.py")
+    assert "cases/test_gate.py" not in cases_hit("v41/rmsnorm.py")
