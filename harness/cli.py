@@ -93,6 +93,9 @@ def cmd_run(args) -> int:
     print_run(results)
     path = write_summary(results, args.summary)
     print(f"summary: {path}")
+    if not any(r.status == "pass" for r in results):
+        print("error: no case passed: nothing was validated", file=sys.stderr)
+        return 1
     return 0 if all(r.status in ("pass", "skip") for r in results) else 1
 
 

@@ -60,7 +60,7 @@ def run_case(case: Case, *, save_root: str | None = None, cards_available: int |
     label, sut = entry.sut_for(case.platform)
     if sut is None:
         return CaseResult(case, label, "skip",
-                          reason=f"no kernel for platform {case.platform} and no alternate path")
+                          reason=f"no v41 kernel for {case.entry} on platform {case.platform} yet")
     owned = None
     if label.startswith("kernel:") and platform is None:
         platform = owned = load_platform(case.platform)

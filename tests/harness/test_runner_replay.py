@@ -166,3 +166,14 @@ def test_replay_of_empty_tree_fails(tmp_path):
 def test_missing_sut_output_is_an_error_result():
     r = run_case(_case("selftest_missing"))
     assert r.status == "error" and "comparison impossible" in r.reason and "out" in r.reason
+
+
+def test_alternate_path_never_serves_on_cards():
+    r = run_case(_case("selftest_good", platform="a5"))
+    assert r.status == "skip" and "no v41 kernel for selftest_good" in r.reason
+
+
+def test_cli_run_where_nothing_passed_fails(tmp_path):
+    from harness.cli import main
+    assert main(["run", "selftest_good", "-p", "a5", "--summary", str(tmp_path / "s.json")]) == 1
+    assert main(["run", "selftest_good", "--summary", str(tmp_path / "s.json")]) == 0
