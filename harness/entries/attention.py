@@ -142,11 +142,37 @@ def _topk_verdicts(config, case, layer, g, batch, inputs, gold, actual):
     return list(res.verdicts), ref
 
 
+def _rank_verdicts(spec: ModeSpec, case, g: int, actual) -> list:
+    """Sharded: the slab rows past T must come back and be zero.  Replicated multi-rank:
+    every rank's output (and Top-K) must come back, byte-identical, rank 0's equal to the
+    compared output."""
+    if case.wiring == "sharded":
+        if "out_slab_tail" not in actual:
+            return _missing("out_slab_tail")
+        return check_zero_rows(f"g{g}.out_slab_tail", actual["out_slab_tail"][g])
+    if case.tp == 1:
+        return []
+    keys = ["out_ranks"] + (["topk_ranks"] if spec.mode is not Mode.SWA else [])
+    verdicts = []
+    for key in keys:
+        if key not in actual or actual[key].shape[1] != case.tp:
+            verdicts += _missing(f"{key} (one per TP rank)")
+            continue
+        verdicts += check_replicas(f"g{g}.{key}", list(actual[key][g]))
+    if "out_ranks" in actual and actual["out_ranks"].shape[1] == case.tp:
+        verdicts += check_non_owned_bytes(f"g{g}.out_ranks[0]", actual["out_ranks"][g][0],
+                                          actual["out"][g])
+    return verdicts
+
+
 def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
     layer = config.representative_layer(spec.mode)
     n, T = case.active, case.tokens
     if "out" not in actual:
         return _missing("out")
+    if actual["out"].shape[0] != case.dp:
+        return [single("out", "dp_groups", float(actual["out"].shape[0]), float(case.dp),
+                       relation=">=", metric=f"DP groups in the output must equal dp={case.dp}")]
     verdicts = []
     for g in range(case.dp):
         batch = fixture.batch_from(config, case, inputs, g, fixture.num_state_blocks(inputs, g))
@@ -158,11 +184,7 @@ def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
             verdicts += check(name, out, ref, rows=slice(0, n))
             verdicts += check_sentinel(name, out, SENTINEL, rows=slice(0, n), ref=ref)
         verdicts += check_zero_rows(name, out, rows=slice(n, T))
-        if "out_slab_tail" in actual:
-            verdicts += check_zero_rows(f"g{g}.out_slab_tail", actual["out_slab_tail"][g])
-        for key in ("out_ranks", "topk_ranks"):
-            if key in actual and actual[key].shape[1] > 1:
-                verdicts += check_replicas(f"g{g}.{key}", list(actual[key][g]))
+        verdicts += _rank_verdicts(spec, case, g, actual)
         verdicts += _cache_verdicts(config, case, layer, g, batch.metadata, inputs, gold, actual)
     return verdicts
 

@@ -167,6 +167,27 @@ def test_replicas_must_be_byte_identical(monkeypatch):
     assert failed(result) == {("g0.out_ranks", "replica_bytes")}
 
 
+def test_rank_outputs_must_come_back(monkeypatch):
+    def drop(config, case, inputs, out):
+        del out["out_ranks"], out["topk_ranks"]
+    result = run_broken(monkeypatch, "decode_c1a_full", drop, tp=4)
+    assert {c for _, c in failed(result)} == {"present"}
+
+
+def test_identical_garbage_in_every_rank_fails(monkeypatch):
+    def garbage(config, case, inputs, out):
+        out["out_ranks"].fill_(7.0)
+    result = run_broken(monkeypatch, "decode_swa", garbage, tp=4)
+    assert failed(result) == {("g0.out_ranks[0]", "exact_bytes")}
+
+
+def test_sharded_slab_tail_must_come_back(monkeypatch):
+    def drop(config, case, inputs, out):
+        del out["out_slab_tail"]
+    result = run_broken(monkeypatch, "decode_swa", drop, tp=4, wiring="sharded")
+    assert failed(result) == {("out_slab_tail", "present")}
+
+
 def test_a_missing_cache_output_is_a_failure(monkeypatch):
     def mutate(config, case, inputs, out):
         del out["g0.cache.window_kv.L6"]
