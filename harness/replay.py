@@ -12,6 +12,8 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
+import torch
+
 from harness import registry
 from harness.data import DataError, case_folders, load_case
 from harness.fixtures import clone_tensors
@@ -42,6 +44,9 @@ def replay_folder(folder, expect_wiring: str | None = None, rerun: bool = False)
     entry = registry.get(case.entry)
     cfg = case.config
     inputs, golden, actual = tensors["inputs"], tensors["golden"], tensors["actual"]
+    why = integrity_problem(entry, case, inputs, golden)
+    if why:
+        return ReplayResult(str(folder), case.case_id, "error", manifest["status"], reason=why)
     if rerun:
         label, sut = entry.sut_for(case.platform)
         if sut is None:
@@ -57,6 +62,43 @@ def replay_folder(folder, expect_wiring: str | None = None, rerun: bool = False)
     verdicts = entry.compare(cfg, case, inputs, golden, actual)
     status = "pass" if verdicts and all_passed(verdicts) else "fail"
     return ReplayResult(str(folder), case.case_id, status, manifest["status"], verdicts)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact for integer and 8-bit storage; floats within FP32 reassociation noise."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.element_size() == 1:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    x, y = a.double(), b.double()
+    if not torch.equal(torch.isnan(x), torch.isnan(y)):
+        return False
+    x, y = x.nan_to_num(), y.nan_to_num()
+    return bool(((x - y).abs() <= 1e-6 * y.abs().amax() + 1e-30).all())
+
+
+def integrity_problem(entry, case, inputs, golden) -> str:
+    """Why the saved inputs or golden cannot belong to the manifest's case, or ''.
+
+    Inputs are deterministic in the case axes and the seed, and the golden in the inputs,
+    so an edited manifest (axes, seed), swapped inputs or a swapped golden is caught even
+    when the sha256 values were rewritten to match."""
+    cfg = case.config
+    rebuilt = entry.build_inputs(cfg, case)
+    if set(rebuilt) != set(inputs):
+        return "inputs.safetensors: tensor names differ from what the manifest's case produces"
+    bad = sorted(k for k in rebuilt if not _same(inputs[k], rebuilt[k]))
+    if bad:
+        return (f"inputs.safetensors: {len(bad)} tensors differ from what the manifest's case "
+                f"axes and seed produce (first: {bad[0]})")
+    recomputed = entry.golden(cfg, case, clone_tensors(inputs))
+    bad = sorted(k for k in recomputed if k not in golden or not _same(golden[k], recomputed[k]))
+    if bad:
+        return (f"golden.safetensors: {len(bad)} tensors differ from the golden recomputed from "
+                f"the inputs (first: {bad[0]})")
+    return ""
 
 
 def replay_tree(tree, wiring: str | None = None, rerun: bool = False) -> list[ReplayResult]:

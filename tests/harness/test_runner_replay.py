@@ -177,3 +177,33 @@ def test_cli_run_where_nothing_passed_fails(tmp_path):
     from harness.cli import main
     assert main(["run", "selftest_good", "-p", "a5", "--summary", str(tmp_path / "s.json")]) == 1
     assert main(["run", "selftest_good", "--summary", str(tmp_path / "s.json")]) == 0
+
+
+def _rewrite_manifest(folder, **changes):
+    m = json.loads((folder / "manifest.json").read_text())
+    for k, v in changes.items():
+        m["case"][k] = v
+    m["status"] = "pass"
+    (folder / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_an_edited_manifest_cannot_turn_a_failure_into_a_pass(tmp_path):
+    r = run_case(_case("selftest_bad_row"), save_root=tmp_path)
+    folder = tmp_path / "replicated" / r.case.case_id
+    _rewrite_manifest(folder, seed=18, active_tokens=5)
+    [res] = replay_tree(tmp_path / "replicated")
+    assert res.status == "error" and "inputs.safetensors" in res.reason
+
+
+def test_a_golden_swapped_for_the_actual_is_caught_even_with_rewritten_hashes(tmp_path):
+    from harness.data import sha256
+    r = run_case(_case("selftest_bad_row"), save_root=tmp_path)
+    folder = tmp_path / "replicated" / r.case.case_id
+    (folder / "golden.safetensors").write_bytes((folder / "actual.safetensors").read_bytes())
+    m = json.loads((folder / "manifest.json").read_text())
+    m["sha256"]["golden.safetensors"] = sha256(folder / "golden.safetensors")
+    m["status"] = "pass"
+    (folder / "manifest.json").write_text(json.dumps(m))
+    [res] = replay_tree(tmp_path / "replicated")
+    assert res.status == "error" and "golden.safetensors" in res.reason
