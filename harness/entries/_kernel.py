@@ -5,11 +5,15 @@ from __future__ import annotations
 from harness.registry import SutOutput
 
 
-def single_launch(module: str, **options):
+def single_launch(module: str, *, validate=None, **options):
     """A SUT function that compiles ``module`` for (config, case) and launches it once
-    (rank 0) on the platform, feeding the case inputs by ABI name."""
+    (rank 0) on the platform, feeding the case inputs by ABI name.  ``validate(inputs)``,
+    if given, runs on the host first and raises ValueError naming the field and bound, so
+    bad input never reaches the kernel."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
+        if validate is not None:
+            validate(inputs)
         program = platform.compile(KernelSpec(module, options), config, case)
         result = platform.launch(program, 0, {a.name: inputs[a.name] for a in program.args})
         result.raise_for_error()

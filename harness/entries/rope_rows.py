@@ -15,8 +15,9 @@ import torch
 from goldens.rope import materialize_rope_rows, precompute_rope_tables
 from harness.case import Case, Support
 from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
+from harness.entries._kernel import single_launch
 from harness.fixtures import SENTINEL, generator
-from harness.registry import Entry, SutOutput, register
+from harness.registry import Entry, register
 
 MODULE = "v41.rope_rows"
 SUPPORT = Support(phase="prefill", inactive_rows=True)
@@ -64,15 +65,7 @@ def validate_launch(inputs) -> int:
 
 def kernel_sut(**options):
     """The a5sim/a5 system under test: validate on the host, then one launch."""
-    def run(platform, config, case, inputs) -> SutOutput:
-        from harness.platforms import KernelSpec
-        validate_launch(inputs)
-        program = platform.compile(KernelSpec(MODULE, options), config, case)
-        result = platform.launch(program, 0, {a.name: inputs[a.name] for a in program.args})
-        result.raise_for_error()
-        record = result.cost_record()
-        return SutOutput(dict(result.outputs), [record] if record else [])
-    return run
+    return single_launch(MODULE, validate=validate_launch, **options)
 
 
 def golden(config, case, inputs):

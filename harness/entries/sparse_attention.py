@@ -27,7 +27,7 @@ from goldens.quant import quantize_window_kv
 from goldens.sparse_attention import sparse_attention
 from goldens.window_cache import gather_window_kv
 from harness.case import Case, Support
-from harness.compare import check_row_bound, check_sentinel
+from harness.compare import check_row_bound, check_sentinel, check_zero_rows
 from harness.entries._kernel import single_launch
 from harness.fixtures import SENTINEL, generator, nonidentity_permutation, randn, sentinel, uniform
 from harness.registry import Entry, register
@@ -83,6 +83,22 @@ def build_inputs(config, case):
             "out": sentinel((t, h, d), torch.bfloat16)}
 
 
+def validate_launch(inputs) -> None:
+    """Host checks before launch: every row id is -1 or inside the cache, sinks finite."""
+    rows = inputs["window_kv"].shape[0] * inputs["window_kv"].shape[1]
+    idx = inputs["indices"]
+    bad = ((idx < -1) | (idx >= rows)).nonzero()
+    if bad.numel():
+        t, k = (int(v) for v in bad[0])
+        raise ValueError(f"indices[{t}, {k}]: {int(idx[t, k])} outside [-1, {rows}) cache rows")
+    sink = inputs["attn_sink"]
+    bad = (~torch.isfinite(sink)).nonzero()
+    if bad.numel():
+        h = int(bad[0, 0])
+        raise ValueError(f"attn_sink[{h}]: {float(sink[h])} is not finite (the kernel needs a "
+                         f"finite sink)")
+
+
 def golden(config, case, inputs):
     kv, valid = gather_window_kv(inputs["window_kv"].view(torch.float8_e4m3fn),
                                  inputs["window_kv_scale"], inputs["indices"])
@@ -91,8 +107,11 @@ def golden(config, case, inputs):
 
 
 def compare(config, case, inputs, gold, actual):
+    heads = actual["out"].shape[1] if actual["out"].dim() == 3 else 1
+    no_key = (inputs["indices"] < 0).all(dim=1).repeat_interleave(heads)  # exactly 0 rows
     return (check_row_bound("out", actual["out"], gold["out"])
-            + check_sentinel("out", actual["out"], SENTINEL, ref=gold["out"]))
+            + check_sentinel("out", actual["out"], SENTINEL, ref=gold["out"])
+            + check_zero_rows("out", actual["out"], rows=no_key))
 
 
 ENTRY = register(Entry(
@@ -107,7 +126,8 @@ ENTRY = register(Entry(
             Case(entry="sparse_attention", tokens=4, tp=4, preset="flash")),
     slow_cases=(Case(entry="sparse_attention", tokens=48, tp=4, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
-    kernels={"a5sim": single_launch(MODULE), "a5": single_launch(MODULE)},
+    kernels={"a5sim": single_launch(MODULE, validate=validate_launch),
+             "a5": single_launch(MODULE, validate=validate_launch)},
     flops=lambda cfg, case: (4 * case.tokens * _dims(cfg, case)["heads"]
                              * _dims(cfg, case)["keys"] * cfg.head_dim),
 ))
