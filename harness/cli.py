@@ -78,14 +78,16 @@ def cmd_run(args) -> int:
     except (CaseError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    cards = len(args.device.split(",")) if args.device else None
+    devices = tuple(int(d) for d in args.device.split(",")) if args.device else None
+    cards = len(devices) if devices else None
     results = []
     with progress() as bar:
         task = bar.add_task("cases", total=len(cases))
         for case in cases:
             bar.update(task, description=case.case_id)
             try:
-                results.append(run_case(case, save_root=args.save_data, cards_available=cards))
+                results.append(run_case(case, save_root=args.save_data, cards_available=cards,
+                                        devices=devices))
             except CaseError as err:
                 print(f"error: {case.case_id}: {err}", file=sys.stderr)
                 return 2

@@ -39,7 +39,8 @@ def check_case(case: Case, options: RunOptions) -> None:
         if len(options.devices) != case.cards:
             pytest.fail(f"--device: {len(options.devices)} cards given, case needs {case.cards}")
         cards = len(options.devices)
-    result = run_case(case, save_root=options.save_data, cards_available=cards)
+    result = run_case(case, save_root=options.save_data, cards_available=cards,
+                      devices=options.devices)
     if result.status == "skip":
         pytest.skip(result.reason)
     if result.status != "pass":

@@ -45,14 +45,14 @@ class CaseResult:
         return "\n".join([f"{self.case.case_id}: {len(bad)} failing checks", *bad])
 
 
-def load_platform(name: str):
-    """The platform object for ``name`` (``harness.platforms.get_platform``)."""
+def load_platform(name: str, devices: tuple[int, ...] | None = None):
+    """The platform object for ``name``; card platforms get the allocated ``devices``."""
     from harness.platforms import get_platform
-    return get_platform(name)
+    return get_platform(name, devices=devices) if name == "a5" else get_platform(name)
 
 
 def run_case(case: Case, *, save_root: str | None = None, cards_available: int | None = None,
-             platform=None) -> CaseResult:
+             platform=None, devices: tuple[int, ...] | None = None) -> CaseResult:
     """Run ``case`` end to end and return its result (never raises for SUT failures)."""
     entry = registry.get(case.entry)
     validate_case(case, entry.support, cards_available)
@@ -63,7 +63,7 @@ def run_case(case: Case, *, save_root: str | None = None, cards_available: int |
                           reason=f"no v41 kernel for {case.entry} on platform {case.platform} yet")
     owned = None
     if label.startswith("kernel:") and platform is None:
-        platform = owned = load_platform(case.platform)
+        platform = owned = load_platform(case.platform, devices)
     try:
         return _run(case, entry, label, sut, platform, save_root, start)
     finally:

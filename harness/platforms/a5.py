@@ -2,7 +2,7 @@
 
 Each launch runs in a worker subprocess (as on ``a5sim``) that imports pypto from the
 DAV_3510 overlay with CANN's runtime (``ASCEND_HOME_PATH`` set), moves the tensors to
-``npu:<rank>``, calls the kernel with ``run_mode=NPU`` and copies the ``out`` / ``inout``
+``npu:<card>`` (the rank's allocated card), calls the kernel with ``run_mode=NPU`` and copies the ``out`` / ``inout``
 tensors back.  No cost report: device timing belongs to a profiler.  Untested here: this
 machine has no card; :meth:`A5Platform.available` says why a launch cannot run.
 """
@@ -26,8 +26,12 @@ from harness.platforms.base import LaunchResult, Platform, PlatformError, Progra
 class A5Platform(Platform):
     name = "a5"
 
-    def __init__(self, run_root: Path | None = None, timeout_s: float | None = 1800.0):
+    def __init__(self, run_root: Path | None = None, timeout_s: float | None = 1800.0,
+                 devices: tuple[int, ...] | None = None):
+        """``devices``: the card ids allocated to this process (``--device``); rank r runs
+        on ``devices[r]``.  Without them rank r runs on card r."""
         self.timeout_s = timeout_s
+        self.devices = tuple(devices) if devices is not None else None
         self._run_root = Path(run_root) if run_root else None
         self._owns_root = run_root is None
         self._counter = itertools.count(1)  # next() is atomic: launches may run in threads
@@ -41,6 +45,14 @@ class A5Platform(Platform):
         if not glob.glob("/dev/davinci[0-9]*"):
             return False, "a5: no Ascend device (/dev/davinci* absent)"
         return True, ""
+
+    def device_of(self, rank: int) -> int:
+        """The card id rank ``rank`` launches on."""
+        if self.devices is None:
+            return rank
+        if not 0 <= rank < len(self.devices):
+            raise PlatformError(f"rank: {rank} has no allocated card (devices {self.devices})")
+        return self.devices[rank]
 
     @property
     def run_root(self) -> Path:
@@ -60,7 +72,8 @@ class A5Platform(Platform):
         n = next(self._counter)
         job_dir = self.run_root / f"launch-{n:04d}-{program.spec.slug}-rank{rank}"
         return worker.launch_program(job_dir, program, rank, tensors, arch="a5",
-                                     run_mode="npu", timeout=self.timeout_s)
+                                     run_mode="npu", timeout=self.timeout_s,
+                                     device=self.device_of(rank))
 
     def close(self) -> None:
         if self._finalizer is not None:

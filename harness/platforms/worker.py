@@ -216,7 +216,7 @@ def child_main(job_dir: Path) -> int:
         args = job["args"]
         if not sim:
             import torch_npu  # noqa: F401, PLC0415  (registers the npu device)
-        device = "cpu" if sim else f"npu:{job['rank']}"
+        device = "cpu" if sim else f"npu:{job.get('device', job['rank'])}"
         tensors = [inputs[a["name"]].to(device) for a in args]
 
         t = time.perf_counter()
@@ -263,7 +263,8 @@ if __name__ == "__main__":
 # ---- the platforms' launch: one job directory, one worker -----------------------------
 
 def launch_program(job_dir: Path, program, rank: int, tensors, *, arch: str, run_mode: str,
-                   timeout: float | None, drop_env: tuple[str, ...] = ()):
+                   timeout: float | None, drop_env: tuple[str, ...] = (),
+                   device: int | None = None):
     """Write the job, run the worker, read its outputs; a ``LaunchResult`` in every case."""
     from harness.platforms import pypto_env  # noqa: PLC0415
     from harness.platforms.base import CostReport, LaunchResult  # noqa: PLC0415
@@ -277,6 +278,7 @@ def launch_program(job_dir: Path, program, rank: int, tensors, *, arch: str, run
         "arch": arch,
         "run_mode": run_mode,
         "rank": rank,
+        "device": rank if device is None else device,
     }
     write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
     res = run_job(job_dir, timeout=timeout, drop_env=drop_env)
