@@ -66,8 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         mismatch = any(
-            (want := _wanted(config, axis)) is not None and axis in params
-            and params[axis] is not None and params[axis] != want
+            (want := _wanted(config, axis)) is not None and axis in params and params[axis] != want
             for axis in SELECTING_AXES)
         (drop if mismatch else keep).append(item)
     if drop:
