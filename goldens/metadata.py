@@ -210,22 +210,27 @@ def _validate(config, query_start_loc, kv_seq_lens, window_block_table,
             _check_pages(f"compressed_block_tables[{src}]", ctables[src], r, new_len // ratio, bs)
 
     for src in ratio2:
-        name = f"state_block_tables[{src}]"
-        blocks = state_block_tables[src][:, 0].tolist()
-        owner: dict[int, int] = {}
-        for r in range(B):
-            blk = blocks[r]
-            if blk < -1:
-                _fail(f"{name}: request {r} state block {blk} < -1 (-1 disables, else >= 0)")
-            if num_state_blocks is not None and blk >= num_state_blocks:
-                _fail(f"{name}: request {r} state block {blk} >= num_state_blocks "
-                      f"{num_state_blocks}")
-            if blk < 0 or qsl[r + 1] == qsl[r]:
-                continue
-            if blk in owner:
-                _fail(f"{name}: live requests must own distinct state blocks: request {r} "
-                      f"and request {owner[blk]} both own block {blk}")
-            owner[blk] = r
+        check_state_blocks(f"state_block_tables[{src}]", state_block_tables[src], qsl,
+                           num_state_blocks)
+
+
+def check_state_blocks(name: str, table: torch.Tensor, qsl: list[int],
+                       num_state_blocks: int | None) -> None:
+    """State blocks are -1 (disabled) or in ``[0, num_state_blocks)``, and live requests
+    (non-empty, block >= 0) own distinct blocks; raises naming the request and the bound."""
+    owner: dict[int, int] = {}
+    for r, blk in enumerate(table[:, 0].tolist()):
+        if blk < -1:
+            _fail(f"{name}: request {r} state block {blk} < -1 (-1 disables, else >= 0)")
+        if num_state_blocks is not None and blk >= num_state_blocks:
+            _fail(f"{name}: request {r} state block {blk} >= num_state_blocks "
+                  f"{num_state_blocks} (block id out of range)")
+        if blk < 0 or qsl[r + 1] == qsl[r]:
+            continue
+        if blk in owner:
+            _fail(f"{name}: live requests must own distinct state blocks: request {r} "
+                  f"and request {owner[blk]} both own block {blk}")
+        owner[blk] = r
 
 
 # ---- lowering --------------------------------------------------------------

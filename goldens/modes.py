@@ -72,7 +72,7 @@ from goldens.compressor import (CompressorResult, CompressorWeights, SourceCache
 from goldens.config import (SUPPORTED_TP_SIZES, LayerConfig, Mode, V41Config, local_heads,
                             local_o_groups)
 from goldens.indexer import index_query, paged_indexer, reuse_topk
-from goldens.metadata import ForwardMetadata, build_forward_metadata
+from goldens.metadata import ForwardMetadata, build_forward_metadata, check_state_blocks
 from goldens.qkv import q_lora
 from goldens.quant import quantize_fp8_weight
 from goldens.rope import materialize_rope_rows, precompute_rope_tables
@@ -466,20 +466,8 @@ def _validate(config: V41Config, lc: LayerConfig, x: torch.Tensor, w: ModeWeight
             state = caches.states.get(src)
             if state is None:
                 _fail(f"caches.states[{src}]: missing; ratio-2 source {src} owns a state ring")
-            nsb = int(state.shape[0])
-            sbt = md.state_block_tables[src]
-            qsl = md.query_start_loc.tolist()
-            owner: dict[int, int] = {}
-            for r, blk in enumerate(sbt[:, 0].tolist()):
-                if blk < -1 or blk >= nsb:
-                    _fail(f"state_block_tables[{src}][{r}, 0]: {blk} outside [-1, "
-                          f"num_state_blocks={nsb}) (block id out of range)")
-                if blk < 0 or qsl[r + 1] == qsl[r]:
-                    continue
-                if blk in owner:
-                    _fail(f"state_block_tables[{src}][{r}, 0]: live requests must own distinct "
-                          f"state blocks: requests {owner[blk]} and {r} both own block {blk}")
-                owner[blk] = r
+            check_state_blocks(f"state_block_tables[{src}]", md.state_block_tables[src],
+                               md.query_start_loc.tolist(), int(state.shape[0]))
 
     if lc.mode in _INDEXED:
         table = batch.compressed_block_tables.get(src)
