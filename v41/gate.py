@@ -31,7 +31,7 @@ entry runs compact batches: the golden's ``num_active`` padding rule is not exer
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, case_int, resolve
+from v41.abi import Arg, case_int, jit_options, resolve
 
 ROW_TILE = 16  # token rows per loop iteration
 TOPK_NORM_EPS = 1e-20
@@ -84,8 +84,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_bias = variant != "unbiased_select"
     biased_weights = variant == "biased_weights"
     high_ties = variant == "higher_index_ties"
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)

@@ -24,7 +24,7 @@ out     (tokens, hc, hidden)    float32   out
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, case_int, resolve
+from v41.abi import Arg, case_int, jit_options, resolve
 
 ROW_TILE = 8  # rows per loop iteration
 VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB)
@@ -68,8 +68,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     transposed = variant == "comb_transposed"
     rounded = variant != "no_round"
     with_post = variant != "no_post"
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)

@@ -22,7 +22,7 @@ held in FP32).  :mod:`v41.hc_head` is this kernel with the last delayed pre-mix.
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, case_int, resolve
+from v41.abi import Arg, case_int, jit_options, resolve
 
 ROW_TILE = 8  # rows per loop iteration
 VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB)
@@ -61,8 +61,7 @@ def build_collapse(config, *, name: str, variant: str, runtime_options: dict | N
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     lanes = hc - 1 if variant == "lane0" else hc
     normalized = variant == "normalized"
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     def collapse(

@@ -27,7 +27,7 @@ is imported, see ``harness.platforms.pypto_env``); :func:`build` does.
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, ResolvedArg, resolve
+from v41.abi import Arg, ResolvedArg, jit_options, resolve
 
 ROW_TILE = 8  # rows per loop iteration
 VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB); [8, 5120] fails "Run pass"
@@ -79,8 +79,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_weight = variant != "no_weight"
     rows = ROW_TILE
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)

@@ -38,7 +38,7 @@ an FP32 select (``where(position >= 0, row, identity)``) with the comparison mad
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, case_int, resolve
+from v41.abi import Arg, case_int, jit_options, resolve
 
 ROW_TILE = 32  # rows per loop iteration
 
@@ -94,8 +94,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     shift = variant == "off_by_one"  # a bool: the jit parser rejects int conditions
     identity = variant != "wrap_negative"
     all_rows = variant == "all_rows"
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)

@@ -61,7 +61,7 @@ out                (tokens, heads, head_dim)            bfloat16  out
 # parameter annotations as objects.
 import math
 
-from v41.abi import Arg, case_int, resolve
+from v41.abi import Arg, case_int, jit_options, resolve
 
 KEY_TILE = 64  # keys per online-softmax step
 MASK_BIAS = 1.0e30  # added (negated) to the logits of -1 keys
@@ -172,8 +172,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_sink = variant != "no_sink"
     sink_num = variant == "sink_numerator"
     mask = variant != "unmasked"
-    options = {"stitch_function_max_num": 128}
-    options.update(runtime_options or {})
+    options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)
