@@ -13,6 +13,13 @@ by an exact FP32 equality); its ``s`` is gathered by a one-hot sum; it is then m
 ``-1e38`` for the next pass.  Column ``j`` is the ``j``-th best expert in that order.
 (``pypto.topk`` documents no tie order, so it is not used for selection.)
 
+Inactive rows (contract, reference-facts 4.14): rows ``t >= num_tokens`` get index 0 and
+weight 0.  The routing loop covers only the row tiles below ``num_tokens`` (the last
+tile's ``valid_shape`` stops at row ``num_tokens - 1``, so padding ``x_norm`` rows are never
+read); a second loop writes zeros to rows ``num_tokens .. tokens - 1``.  ``num_tokens`` is a
+runtime INT32 ``[1]`` tensor read with ``num_tokens[0]``; the caller validates it to
+``[0, tokens]`` before launch (``harness.entries.gate.validate_launch``).
+
 ABI
 ---
 ================  ================  ========  =====
@@ -21,12 +28,13 @@ name              shape             dtype     role
 x_norm            (tokens, hidden)  bfloat16  in
 gate_weight       (experts, hidden) float32   in
 correction_bias   (experts,)        float32   in
+num_tokens        (1,)              int32     in
 indices           (tokens, k)       int32     out
 weights           (tokens, k)       float32   out
 ================  ================  ========  =====
 
-``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; every row is active (the
-entry runs compact batches: the golden's ``num_active`` padding rule is not exercised).
+``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``num_tokens`` (active rows)
+is a runtime value in ``[0, tokens]``.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -43,12 +51,16 @@ VARIANTS = {
     "unbiased_select": "selects by the unbiased s (ignores correction_bias)",
     "biased_weights": "takes the weights from the biased score s + bias",
     "higher_index_ties": "breaks ties toward the HIGHER expert index",
+    "route_padding": "routes every row, also rows at or past num_tokens (padding rows get "
+                     "real experts and weights instead of index 0 / weight 0)",
+    "skip_padding": "leaves rows at or past num_tokens unwritten",
 }
 
 ABI = (
     Arg("x_norm", ("tokens", "hidden"), "bfloat16", "in"),
     Arg("gate_weight", ("experts", "hidden"), "float32", "in"),
     Arg("correction_bias", ("experts",), "float32", "in"),
+    Arg("num_tokens", (1,), "int32", "in"),
     Arg("indices", ("tokens", "k"), "int32", "out"),
     Arg("weights", ("tokens", "k"), "float32", "out"),
 )
@@ -68,7 +80,8 @@ def abi(config, case: dict):
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
-    """The jit kernel ``gate(x_norm, gate_weight, correction_bias, indices, weights)``."""
+    """The jit kernel ``gate(x_norm, gate_weight, correction_bias, num_tokens, indices,
+    weights)``: rows below ``num_tokens`` routed, the rest index 0 / weight 0."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -84,6 +97,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_bias = variant != "unbiased_select"
     biased_weights = variant == "biased_weights"
     high_ties = variant == "higher_index_ties"
+    route_padding = variant == "route_padding"
+    zero_padding = variant not in ("route_padding", "skip_padding")
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
@@ -92,18 +107,23 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         x_norm: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
         gate_weight: pypto.Tensor([experts, hidden], pypto.DT_FP32),
         correction_bias: pypto.Tensor([experts], pypto.DT_FP32),
+        num_tokens: pypto.Tensor([1], pypto.DT_INT32),
         indices: pypto.Tensor([tokens_dim, k], pypto.DT_INT32),
         weights: pypto.Tensor([tokens_dim, k], pypto.DT_FP32),
     ):
         tokens = x_norm.shape[0]
+        if route_padding:
+            active = tokens
+        else:
+            active = num_tokens[0]
         pypto.set_vec_tile_shapes(1, experts)
         bias = pypto.reshape(correction_bias, [1, experts])
         iota = pypto.reshape(pypto.arange(0.0, float(experts), 1.0), [1, experts])
         # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB (k0=256 overflows it)
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [128, 128])
-        for i in pypto.loop((tokens + rows - 1) // rows, name="GATE_ROWS", idx_name="r"):
+        for i in pypto.loop((active + rows - 1) // rows, name="GATE_ROWS", idx_name="r"):
             start = i * rows
-            valid = (tokens - start).min(rows)
+            valid = (active - start).min(rows)
             pypto.set_vec_tile_shapes(rows, min(hidden, 512))
             x32 = pypto.cast(pypto.view(x_norm, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), pypto.DT_FP32)
@@ -156,5 +176,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             w = pypto.view(pypto.concat(cols, -1), [rows, k], [0, 0], valid_shape=[valid, k])
             pypto.assemble(pypto.cast(idx, pypto.DT_INT32), [start, 0], indices)
             pypto.assemble(w, [start, 0], weights)
+        if zero_padding:  # rows active .. tokens - 1: index 0, weight 0
+            pypto.set_vec_tile_shapes(rows, k_tile)
+            for p in pypto.loop((tokens - active + rows - 1) // rows, name="GATE_PADDING",
+                                idx_name="p"):
+                start = active + p * rows
+                valid = (tokens - start).min(rows)
+                pypto.assemble(pypto.full([rows, k], 0, pypto.DT_INT32, valid_shape=[valid, k]),
+                               [start, 0], indices)
+                pypto.assemble(pypto.full([rows, k], 0.0, pypto.DT_FP32, valid_shape=[valid, k]),
+                               [start, 0], weights)
 
     return gate

@@ -5,6 +5,11 @@ The x rows are BF16 RMSNorm-like activations, the gate FP32; the correction bias
 enough to change the selection against the unbiased order.  Kind ``ties`` duplicates
 expert rows (same gate row, same bias) so exactly equal biased scores occur among the
 selected experts: the lower expert index must be selected and listed first.
+
+``case.active`` is the runtime ``num_tokens`` (INT32 ``[1]``): rows at or past it are
+padding and must hold exactly the contract's index 0 / weight 0 (checked on their own
+with ``check_zero_rows``; the active rows alone carry the index and weight checks).  The
+host validates ``num_tokens`` to ``[0, T]`` before launch.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import torch
 
 from goldens.router import route
 from harness.case import Case, Support
-from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
-from harness.entries._kernel import single_launch
+from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel, check_zero_rows
+from harness.entries._kernel import active_count, single_launch
 from harness.fixtures import SENTINEL, randn, sentinel
 from harness.registry import Entry, register
 
-SUPPORT = Support(phase="prefill", kinds=("mixed", "ties"))
+MODULE = "v41.gate"
+SUPPORT = Support(phase="prefill", kinds=("mixed", "ties"), inactive_rows=True)
 INDEX_SENTINEL = -13  # unwritten index slots
 
 
@@ -34,19 +40,39 @@ def build_inputs(config, case):
         bias[:] = -4.0
         bias[1] = bias[2] = bias[e - 1] = 4.0
     return {"x_norm": x, "gate_weight": w, "correction_bias": bias,
+            "num_tokens": torch.tensor([case.active], dtype=torch.int32),
             "indices": torch.full((t, k), INDEX_SENTINEL, dtype=torch.int32),
             "weights": sentinel((t, k), torch.float32)}
 
 
+def validate_launch(inputs) -> int:
+    """Host check before launch: ``num_tokens`` is INT32 ``[1]`` in ``[0, T]``.  Returns
+    it; raises ValueError naming the field and the bound."""
+    return active_count(inputs["num_tokens"], inputs["x_norm"].shape[0])
+
+
+def kernel_sut(**options):
+    """The a5sim/a5 system under test: validate on the host, then one launch."""
+    return single_launch(MODULE, validate=validate_launch, **options)
+
+
 def golden(config, case, inputs):
-    idx, w = route(inputs["x_norm"], inputs["gate_weight"], inputs["correction_bias"], config)
+    idx, w = route(inputs["x_norm"], inputs["gate_weight"], inputs["correction_bias"], config,
+                   num_active=int(inputs["num_tokens"][0]))
     return {"indices": idx, "weights": w}
 
 
 def compare(config, case, inputs, gold, actual):
-    return (check_non_owned_bytes("indices", actual["indices"], gold["indices"])
-            + check_row_bound("weights", actual["weights"], gold["weights"])
-            + check_sentinel("weights", actual["weights"], SENTINEL, ref=gold["weights"]))
+    n, t = int(inputs["num_tokens"][0]), inputs["x_norm"].shape[0]
+    verdicts = []
+    if n:  # active rows (a prefix: row numbers are kept)
+        a_idx, a_w, g_w = actual["indices"][:n], actual["weights"][:n], gold["weights"][:n]
+        verdicts += (check_non_owned_bytes("indices", a_idx, gold["indices"][:n])
+                     + check_row_bound("weights", a_w, g_w)
+                     + check_sentinel("weights", a_w, SENTINEL, ref=g_w))
+    for name in ("indices", "weights"):  # padding rows: exactly index 0 / weight 0
+        verdicts += check_zero_rows(name, actual[name], rows=slice(n, t))
+    return verdicts
 
 
 ENTRY = register(Entry(
@@ -55,9 +81,10 @@ ENTRY = register(Entry(
                 "normalized unbiased weights x routed_scaling_factor",
     support=SUPPORT,
     matrix=(Case(entry="gate", tokens=21), Case(entry="gate", tokens=6, kind="ties"),
-            Case(entry="gate", tokens=7, preset="flash")),
+            Case(entry="gate", tokens=7, preset="flash"),
+            Case(entry="gate", tokens=50, active_tokens=21)),
     slow_cases=(Case(entry="gate", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
-    kernels={"a5sim": single_launch("v41.gate"), "a5": single_launch("v41.gate")},
+    kernels={"a5sim": kernel_sut(), "a5": kernel_sut()},
     flops=lambda cfg, case: 2 * case.tokens * cfg.hidden_size * cfg.moe.n_routed_experts,
 ))
