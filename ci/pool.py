@@ -5,7 +5,10 @@ nodes never hold the same card; the lease is returned only after every process o
 is gone. Each node runs with ``start_new_session=True`` and a unique ``CI_QUEUE_TOKEN`` in its
 environment: at the timeout (or when the node exits leaving processes behind) the runner
 signals its process group *and* every process carrying the token, so a grandchild that called
-``setsid`` cannot keep the cards.
+``setsid`` cannot keep the cards. When the runner is cancelled (SIGINT/SIGTERM raised as
+``KeyboardInterrupt``/``SystemExit`` inside ``run_all``) every running node gets SIGTERM and
+``grace`` seconds to exit on its own -- a ``task-submit`` client needs that to withdraw its
+queued task -- before SIGKILL; each node is then reported as a cancelled ``Outcome``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -59,9 +63,13 @@ class Outcome:
     job: Job
     devices: list[int] | None
     rc: int | None
-    seconds: float
+    seconds: float                # run time (process start to end)
     timed_out: bool = False
     note: str = ""
+    queued: float = 0.0           # waiting for a lease / a free slot before the start
+    began: float = 0.0            # wall clock (time.time) of the process start; 0 = never
+    ended: float = 0.0            # wall clock of the end
+    cancelled: bool = False       # the runner was cancelled before this node finished
 
 
 @dataclass
@@ -72,6 +80,8 @@ class _Running:
     token: str
     t0: float
     log: object = field(repr=False)
+    wall0: float = 0.0
+    queued: float = 0.0
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -108,32 +118,66 @@ def members(pgid: int, token: str) -> set[int]:
 def terminate(proc: subprocess.Popen, token: str, grace: float) -> int:
     """SIGTERM the node's group and tagged processes, SIGKILL after ``grace`` s, reap;
     returns how many processes were alive when the sweep began."""
-    pgid = proc.pid   # start_new_session: the leader's pid is the group id
-    left = members(pgid, token)
-    if proc.poll() is None:
-        left.add(proc.pid)
-    count = len(left)
+    return terminate_all([(proc, token)], grace)[0]
+
+
+def terminate_all(nodes: list[tuple[subprocess.Popen, str]], grace: float) -> list[int]:
+    """``terminate`` for several nodes at once: all get SIGTERM together and share one
+    ``grace`` period before SIGKILL (a cancelled run does not wait ``grace`` per node)."""
+    def live(proc, token) -> set[int]:
+        return {p for p in members(proc.pid, token) | {proc.pid} if alive(p)}
+
+    left = []
+    for proc, token in nodes:   # start_new_session: the leader's pid is the group id
+        found = members(proc.pid, token)
+        if proc.poll() is None:
+            found.add(proc.pid)
+        left.append(found)
+    counts = [len(found) for found in left]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        if not left:
+        if not any(left):
             break
-        for target in [None, *left]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig) if target is None else os.kill(target, sig)
+        for (proc, _), found in zip(nodes, left):
+            for target in ([None, *found] if found else []):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig) if target is None else os.kill(target, sig)
         deadline = time.monotonic() + wait
-        while left and time.monotonic() < deadline:
-            proc.poll()
-            time.sleep(0.02)
-            left = {p for p in members(pgid, token) | {proc.pid} if alive(p)}
-    proc.wait()
-    return count
+        while any(left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for i, (proc, token) in enumerate(nodes):
+                proc.poll()
+                left[i] = live(proc, token) if left[i] else set()
+    for proc, _ in nodes:
+        proc.wait()
+    return counts
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold off SIGINT/SIGTERM (main thread only) so a second cancel cannot cut the cleanup."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            saved[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def run_all(jobs: list[Job], *, pool: CardPool | None, max_parallel: int, cwd: Path,
             env: dict | None = None, grace: float = 5.0, poll: float = 0.05,
             on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Run every job; largest card counts are offered first, smaller ones backfill."""
+    """Run every job; largest card counts are offered first, smaller ones backfill.
+
+    On cancellation (an exception, e.g. the ``SystemExit`` of a SIGTERM handler) the running
+    nodes are terminated with ``grace`` and, like the nodes not started yet, reported through
+    ``on_done`` as ``cancelled`` outcomes; then the exception propagates.
+    """
     pending = sorted(jobs, key=lambda j: -j.cards)
     outcomes: list[Outcome] = []
+    t_start = time.monotonic()
 
     def finish(o: Outcome) -> None:
         outcomes.append(o)
@@ -154,10 +198,11 @@ def run_all(jobs: list[Job], *, pool: CardPool | None, max_parallel: int, cwd: P
                     continue
                 pending.pop(i)
                 try:
-                    running.append(_start(job, ids, cwd, env))
+                    running.append(_start(job, ids, cwd, env, time.monotonic() - t_start))
                 except OSError as e:   # e.g. the interpreter or task-submit vanished
                     pool is not None and pool.release(ids)
-                    finish(Outcome(job, ids, None, 0.0, note=f"could not start: {e}"))
+                    finish(Outcome(job, ids, None, 0.0, note=f"could not start: {e}",
+                                   queued=time.monotonic() - t_start))
             now = time.monotonic()
             for r in list(running):
                 rc = r.proc.poll()
@@ -172,20 +217,37 @@ def run_all(jobs: list[Job], *, pool: CardPool | None, max_parallel: int, cwd: P
                 note = (f"killed after {r.job.timeout:g}s timeout" if timed_out
                         else f"killed {stray} leftover process(es)" if stray else "")
                 finish(Outcome(r.job, r.devices, None if timed_out else rc,
-                               time.monotonic() - r.t0, timed_out, note))
+                               time.monotonic() - r.t0, timed_out, note, r.queued, r.wall0,
+                               time.time()))
             time.sleep(poll)
-    finally:
-        for r in running:
-            terminate(r.proc, r.token, 0.0)
-            r.log.close()
+    except BaseException:
+        with signals_held():
+            _cancel(running, pending, pool, grace, time.monotonic() - t_start, finish)
+        raise
     return outcomes
 
 
-def _start(job: Job, ids, cwd: Path, env: dict | None) -> _Running:
+def _cancel(running: list[_Running], pending: list[Job], pool, grace: float, waited: float,
+            finish: Callable[[Outcome], None]) -> None:
+    """Terminate the running nodes together (``grace`` before SIGKILL) and report every
+    unfinished node as cancelled."""
+    terminate_all([(r.proc, r.token) for r in running], grace)
+    for r in running:
+        r.log.close()
+        if pool is not None:
+            pool.release(r.devices)
+        finish(Outcome(r.job, r.devices, r.proc.returncode, time.monotonic() - r.t0,
+                       queued=r.queued, began=r.wall0, ended=time.time(), cancelled=True))
+    for job in pending:
+        finish(Outcome(job, None, None, 0.0, queued=waited, cancelled=True))
+
+
+def _start(job: Job, ids, cwd: Path, env: dict | None, queued: float = 0.0) -> _Running:
     token = uuid.uuid4().hex
     job.log.parent.mkdir(parents=True, exist_ok=True)
     log = open(job.log, "wb")
     env = {**(env if env is not None else os.environ), TOKEN_VAR: token}
+    wall0 = time.time()
     proc = subprocess.Popen(job.argv(ids), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-    return _Running(job, proc, ids, token, time.monotonic(), log)
+    return _Running(job, proc, ids, token, time.monotonic(), log, wall0, queued)

@@ -4,7 +4,8 @@ A pytest node passes only if its process exited 0 *and* its log ends with a pyte
 line reporting at least one passed test and no failures or errors ("no false greens"). A node
 whose summary shows only skips (or xfails) and exit 0 is ``skip``: not a failure, not a pass.
 Anything else -- exit 5 / "no tests ran", exit 0 without a summary line, a collection error,
-a node that needs more cards than the pool -- is ``fail``; an expired node is ``timeout``.
+a node that needs more cards than the pool -- is ``fail``; an expired node is ``timeout``; a
+node left unfinished by a cancelled run (SIGINT/SIGTERM to the runner) is ``cancelled``.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STATUSES = ("pass", "skip", "fail", "timeout")
+STATUSES = ("pass", "skip", "fail", "timeout", "cancelled")
 _LINE = re.compile(r"^=*\s*(?P<body>.+?) in \d+(?:\.\d+)?s(?: \([\d:.]+\))?\s*=*\s*$")
 _BODY = re.compile(r"(?:\d+ [a-z]+)(?:, \d+ [a-z]+)*|no tests ran")
 _ITEM = re.compile(r"(\d+) ([a-z]+)")
-COLUMNS = ("node", "cards", "devices", "seconds", "status", "pass", "fail", "timeout", "rc",
-           "log", "note")
+COLUMNS = ("node", "cards", "devices", "queued", "seconds", "status", "pass", "fail", "timeout",
+           "rc", "log", "note")
 
 
 def parse_summary(text: str) -> dict[str, int] | None:
@@ -64,20 +65,22 @@ def classify(rc: int | None, text: str, timed_out: bool, kind: str = "pytest") -
     return {"status": status, "pass": passed, "fail": failed, "note": note}
 
 
-def row(node: str, cards: int, devices, seconds: float, verdict: dict, rc, log) -> dict:
+def row(node: str, cards: int, devices, seconds: float, verdict: dict, rc, log,
+        queued: float = 0.0) -> dict:
+    """One result row; ``seconds`` is run time only, ``queued`` the wait before the start."""
     return {"node": node, "cards": cards,
             "devices": ",".join(map(str, devices)) if devices else "",
-            "seconds": round(seconds, 2), "status": verdict["status"],
+            "queued": round(queued, 2), "seconds": round(seconds, 2), "status": verdict["status"],
             "pass": verdict["pass"], "fail": verdict["fail"],
             "timeout": int(verdict["status"] == "timeout"), "rc": rc,
             "log": str(log) if log else "", "note": verdict.get("note", "")}
 
 
 def exit_status(rows: list[dict]) -> int:
-    """1 if nothing ran, nothing passed, or any node failed or timed out."""
+    """1 if nothing ran, nothing passed, or any node failed, timed out or was cancelled."""
     if not rows or not any(r["status"] == "pass" for r in rows):
         return 1
-    return int(any(r["status"] in ("fail", "timeout") for r in rows))
+    return int(any(r["status"] in ("fail", "timeout", "cancelled") for r in rows))
 
 
 def write(rows: list[dict], out: Path, meta: dict) -> tuple[Path, Path]:
@@ -93,18 +96,20 @@ def write(rows: list[dict], out: Path, meta: dict) -> tuple[Path, Path]:
     return tsv, js
 
 
-_STYLE = {"pass": "green", "skip": "yellow", "fail": "bold red", "timeout": "bold magenta"}
+_STYLE = {"pass": "green", "skip": "yellow", "fail": "bold red", "timeout": "bold magenta",
+          "cancelled": "bold yellow"}
 
 
 def summary(rows: list[dict], console: Console | None = None, title: str = "CI queue") -> None:
     console = console or Console()
     table = Table(title=title)
-    for col in ("node", "cards", "devices", "seconds", "status", "note / log"):
-        table.add_column(col, justify="right" if col in ("cards", "seconds") else "left",
+    for col in ("node", "cards", "devices", "queued", "seconds", "status", "note / log"):
+        table.add_column(col, justify="right" if col in ("cards", "queued", "seconds") else "left",
                          overflow="fold")
     for r in sorted(rows, key=lambda r: (STATUSES.index(r["status"]), r["node"])):
         extra = r["note"] + ("\n" + r["log"] if r["status"] != "pass" and r["log"] else "")
-        table.add_row(escape(r["node"]), str(r["cards"]), r["devices"], f'{r["seconds"]:.1f}',
+        table.add_row(escape(r["node"]), str(r["cards"]), r["devices"],
+                      f'{r.get("queued", 0.0):.1f}', f'{r["seconds"]:.1f}',
                       f'[{_STYLE[r["status"]]}]{r["status"]}[/]', escape(extra))
     console.print(table)
     totals = ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in STATUSES)

@@ -38,11 +38,14 @@ def test_task_submit_backend_builds_the_exact_command(project, run_queue, tmp_pa
     rc, rows, _ = run_queue(root, "--backend", "auto", "--timeout", "120", "--submit-wait", "600")
     assert rc == 0, rows
     [argv] = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
-    run = (f"cd {root} && {sys.executable} -m pytest 'test_ts.py::test_moe[2-4]' "
+    run = ('echo "ci.queue: start $(date +%s.%N) cards '
+           '${TASK_DEVICE:?task-submit exported no TASK_DEVICE}" && '
+           f"cd {root} && {sys.executable} -m pytest 'test_ts.py::test_moe[2-4]' "
            f'-p no:cacheprovider -q --tp 2 --ep 4 --device "$TASK_DEVICE"')
     assert argv == ["--device", "auto", "--device-num", "4", "--max-time", "120",
                     "--timeout", "600", "--run", run]
     assert rows["test_ts.py::test_moe[2-4]"]["status"] == "pass"
+    assert rows["test_ts.py::test_moe[2-4]"]["devices"] == "10,11,12,13"
 
 
 SWEEP_ENTRY = '''
