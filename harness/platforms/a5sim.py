@@ -8,7 +8,8 @@ full path: compile to ALL_COMPLETE, interpret, then the cost model, which copies
 interpreted outputs back into the kernel's tensors.
 
 The estimated time is read from ``CostModelSimulationOutput``: AICore end-to-end
-= (max execEnd - min execStart) / 1800 MHz over the AIC/AIV lanes of
+= (max execEnd - min execStart) / 1800 MHz (the cost model's fixed clock, see
+:mod:`harness.platforms.topology`) over the AIC/AIV lanes of
 ``_simulate.swim.json``, total cycles from ``_simulate.stat.report.txt``.  It is
 deterministic run to run.
 """
@@ -19,17 +20,30 @@ import itertools
 import json
 import re
 import shutil
+import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from harness.platforms import pypto_env, worker
+from harness.platforms import lifeline, pypto_env, topology, verify, worker
 from harness.platforms.base import (CostReport, LaunchResult, Platform, PlatformError, Program,
                                     check_tensors)
 
-CYCLES_PER_US = 1800  # cost-model clock convention (draw_swim_lane.py)
+VERIFY_LEVELS = verify.VERIFY_LEVELS  # "tensor": tensor graph only; "lowered": + every pass
+
+
+def verify_level_from_env() -> str:
+    """The verify level named by ``V41_VERIFY`` (default ``tensor``); PlatformError naming
+    ``V41_VERIFY`` and the allowed values otherwise."""
+    try:
+        return verify.level_from_env()
+    except verify.VerifyLevelError as err:
+        raise PlatformError(str(err)) from None
+
+
+CYCLES_PER_US = topology.SIM_CLOCK_MHZ  # the clock the cost model converts with (topology.py)
 
 
 def read_cost_report(output_root: Path) -> CostReport | None:
@@ -61,33 +75,52 @@ def read_cost_report(output_root: Path) -> CostReport | None:
 
 
 class A5SimPlatform(Platform):
-    """CPU execution of pypto kernels; one worker subprocess per launch.
+    """CPU execution of pypto kernels in a persistent worker subprocess.
 
     ``arch`` is ``"a5"`` (DAV_3510 compile target, Ascend 950 cost model) or ``"a2a3"``
     (the stock package).  ``run_root`` defaults to a fresh temp dir removed by
     :meth:`close` unless ``V41_KEEP_RUN_DIR=1``; launch ``n`` uses ``run_root/launch-n-rank-r``
     and, unless kept, only its small files survive the launch (pypto's ``output/`` is
     dropped after the cost report is read).
+
+    ``verify`` is the pass-verify level (:data:`VERIFY_LEVELS`; None reads ``V41_VERIFY``):
+    a verifier verdict other than PASS/NO_COMPARE fails the launch, naming the stage.
+    Launches are served one at a time by a worker that keeps pypto loaded
+    (:class:`harness.platforms.worker.Worker`), replaced every ``V41_WORKER_JOBS``
+    launches; it and the run root go away with this process however it ends.
     """
 
     name = "a5sim"
 
     def __init__(self, arch: str = "a5", run_root: Path | None = None,
-                 timeout_s: float | None = 1800.0):
+                 timeout_s: float | None = 1800.0, verify: str | None = None):
         if arch not in pypto_env.ARCHES:
             raise PlatformError(f"arch: {arch!r} is not one of {pypto_env.ARCHES}")
+        if verify is None:
+            verify = verify_level_from_env()
+        elif verify not in VERIFY_LEVELS:
+            raise PlatformError(f"verify: {verify!r} is not one of {VERIFY_LEVELS}")
+        self.verify_level = verify
         self.arch = arch
         self.timeout_s = timeout_s
         self._run_root = Path(run_root) if run_root else None
         self._owns_root = run_root is None
         self._counter = itertools.count(1)  # next() is atomic: launches may run in threads
         self._finalizer = None
+        self._worker: worker.Worker | None = None
+        self._lock = threading.Lock()  # one launch at a time on the worker
 
     @property
     def run_root(self) -> Path:
         if self._run_root is None:
             self._run_root = pypto_env.make_run_dir()
-            self._finalizer = weakref.finalize(self, pypto_env.cleanup_run_dir, self._run_root)
+            if not pypto_env.keep_run_dir():
+                lifeline.janitor().watch_path(self._run_root)
+        if self._finalizer is None:
+            self._worker = worker.Worker(self._run_root, arch=self.arch, run_mode="sim",
+                                         drop_env=("ASCEND_HOME_PATH",))
+            self._finalizer = weakref.finalize(self, _release, self._worker, self._run_root,
+                                               self._owns_root)
         return self._run_root
 
     def available(self) -> tuple[bool, str]:
@@ -106,12 +139,28 @@ class A5SimPlatform(Platform):
         check_tensors(program, tensors)
         n = next(self._counter)
         job_dir = self.run_root / f"launch-{n:04d}-{program.spec.slug}-rank{rank}"
-        return worker.launch_program(job_dir, program, rank, tensors, arch=self.arch,
-                                     run_mode="sim", timeout=self.timeout_s,
-                                     drop_env=("ASCEND_HOME_PATH",))
+        with self._lock:
+            return worker.launch_program(job_dir, program, rank, tensors, arch=self.arch,
+                                         run_mode="sim", timeout=self.timeout_s,
+                                         drop_env=("ASCEND_HOME_PATH",),
+                                         verify=self.verify_level, worker=self._worker)
 
     def close(self) -> None:
         if self._finalizer is not None:
-            self._finalizer()  # removes the run root (unless V41_KEEP_RUN_DIR=1), once
+            self._finalizer()  # stops the worker, removes the run root (unless kept), once
             self._finalizer = None
+            self._worker = None
         self._run_root = None if self._owns_root else self._run_root
+
+
+def _release(work: worker.Worker, run_root: Path, owned: bool) -> None:
+    """Stop the platform's worker; remove its run root if the platform made it."""
+    work.close()
+    if owned:
+        pypto_env.cleanup_run_dir(run_root)
+        lifeline.janitor().forget_path(run_root)
+
+
+if __name__ == "__main__":  # python -m harness.platforms.a5sim --describe
+    import sys
+    sys.exit(topology.main(sys.argv[1:]))

@@ -122,6 +122,7 @@ class LaunchResult:
     log_path: Path | None = None
     run_dir: Path | None = None
     rank: int = 0
+    details: dict = field(default_factory=dict)  # e.g. verify summary, worker reuse
 
     def cost_record(self) -> dict:
         """``{"rank", "aicore_e2e_us", "total_cycles"}`` (the registry's cost record), or {}."""
@@ -138,6 +139,7 @@ class LaunchResult:
 
 class Platform(abc.ABC):
     name: str = ""
+    verify_level: str | None = None  # what a launch's numerics are checked at, if anything
 
     @abc.abstractmethod
     def available(self) -> tuple[bool, str]:

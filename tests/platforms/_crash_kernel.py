@@ -1,7 +1,8 @@
-"""A kernel module whose builder dies on purpose (worker isolation tests)."""
+"""A kernel module whose builder dies (or hangs) on purpose (worker isolation tests)."""
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass
 
 
@@ -24,4 +25,6 @@ def build(config, case, *, runtime_options=None, mode="abort"):
         ctypes.string_at(0)
     if mode == "exit":
         os._exit(3)
+    if mode == "sleep":  # a launch that is still running when its parent is killed
+        time.sleep(600)
     raise RuntimeError(f"deliberate failure ({mode})")
