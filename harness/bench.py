@@ -2,54 +2,98 @@
 
 Each kernel case runs through the harness (so only a validated kernel is timed); the
 cost model's AICore end-to-end estimate is deterministic, unlike wall time on these
-shared machines.  The roofline bound is ``max(bytes / HBM bandwidth, FLOPs / Cube peak)``
-with bytes = every ABI tensor moved once (inputs read, outputs written) and FLOPs as the
-entry declares them (0 for vector-only kernels).
+shared machines.  The simulated machine (core counts, the clock cycles are converted at)
+comes from :mod:`harness.platforms.topology`, and every table and JSON row carries it.
 
-A5 figures (Ascend 950PR, from ``harness/platforms/data/Ascend950PR_9579.ini``, the
-compiler platform file the cost model is configured with):
-- Cube peak BF16: 28 cube cores x 16x16x16 MAC/cycle x 2 FLOP x 1.65 GHz = 378.5 TFLOP/s
-  (``cube_core_cnt``, ``cube_m/n/k_size``, ``cube_freq``).
-- HBM bandwidth: 28 cores x 31 B/cycle (``ddr_rate``) x 1.65 GHz = 1.43 TB/s.
-The cost model converts cycles at 1800 MHz (its swim-lane convention); both figures are
-stated so a reader can redo the arithmetic.
+Roofline = ``max(memory, compute)`` with
+- memory = the bytes the entry's ``work`` declares (gathered rows per gather, tables only
+  for the rows read, outputs for the rows written) / HBM bandwidth;
+- compute = ``max(cube, vector)``: cube = sum over cube dtypes of FLOPs / that dtype's
+  peak (BF16, FP8, FP32 share the cube), vector = FP32 elementwise FLOPs / vector peak.
+HBM bandwidth and peaks are the platform file's (``Ascend950PR_9579.ini``): HBM = cube
+cores x ``ddr_rate`` x ``cube_freq``; a cube dtype's peak = cube cores x m*k*n of its
+``[DtypeMKN]`` fractal x 2 x ``cube_freq``; vector FP32 = vector cores x
+``vector_reg_width``/4 lanes x ``vec_freq``.  ``bound`` names the larger term.
+
+``--json`` prints one JSON object per case (one per line) instead of the table.
+``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
+(:mod:`harness.plots.roofline`).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from harness import registry
 from harness.case import Case
+from harness.platforms import topology
+from harness.registry import Work
 
-CUBE_CORES = 28
-CUBE_MACS_PER_CYCLE = 16 * 16 * 16
-CUBE_HZ = 1.65e9
-DDR_BYTES_PER_CYCLE = 31
-CUBE_PEAK_FLOPS = CUBE_CORES * CUBE_MACS_PER_CYCLE * 2 * CUBE_HZ
-HBM_BYTES_PER_S = CUBE_CORES * DDR_BYTES_PER_CYCLE * CUBE_HZ
+PLATFORM = "a5sim"
 
 
-def roofline_us(nbytes: int, flops: int) -> float:
-    """Lower bound in microseconds for moving ``nbytes`` and computing ``flops``."""
-    return max(nbytes / HBM_BYTES_PER_S, flops / CUBE_PEAK_FLOPS) * 1e6
+@dataclass(frozen=True)
+class Roofline:
+    """Lower bound of one case in microseconds and which resource sets it."""
+
+    memory_us: float
+    compute_us: float
+
+    @property
+    def us(self) -> float:
+        return max(self.memory_us, self.compute_us)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_us >= self.compute_us else "compute"
 
 
-def case_work(entry, case: Case) -> tuple[int, int]:
-    """(bytes, FLOPs) of one case: ABI tensors moved once, FLOPs from the entry."""
-    cfg = case.config
-    inputs = entry.build_inputs(cfg, case)
-    nbytes = sum(t.numel() * t.element_size() for t in inputs.values())
-    flops = entry.flops(cfg, case) if entry.flops is not None else 0
-    return nbytes, flops
+def roofline(work: Work, plat: topology.PlatformFile) -> Roofline:
+    """The roofline of ``work`` on the platform file's machine; raises ValueError naming a
+    FLOP dtype that is unknown or that the platform's cube does not support."""
+    peaks = plat.peaks
+    for dtype in work.flops:
+        if dtype not in topology.COMPUTE_DTYPES:
+            raise ValueError(f"work.flops: dtype {dtype!r} is not one of "
+                             f"{topology.COMPUTE_DTYPES}")
+        if dtype not in peaks:
+            raise ValueError(f"work.flops: {plat.soc} has no {dtype!r} peak in {plat.path}")
+    cube = sum(n / peaks[d] for d, n in work.flops.items() if d in topology.CUBE_DTYPES)
+    vector = work.flops.get(topology.VECTOR_FP32, 0) / peaks[topology.VECTOR_FP32]
+    return Roofline(work.bytes / plat.hbm_bytes_per_s * 1e6, max(cube, vector) * 1e6)
+
+
+def case_work(entry, case: Case) -> Work:
+    """The declared work of ``case`` (its fixture built as the run builds it)."""
+    if entry.work is None:
+        raise ValueError(f"entry {entry.name!r}: declares no work (bytes, FLOPs)")
+    return entry.work(case.config, case, entry.build_inputs(case.config, case))
+
+
+def check_names(names: list[str]) -> str | None:
+    """None if every name is a registered entry with an a5sim kernel, else the message:
+    'not registered' with close matches, or 'no kernel yet'."""
+    known = registry.entries()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+            kernels = ", ".join(n for n, e in known.items() if PLATFORM in e.kernels)
+            hint = f"did you mean {', '.join(close)}?" if close else f"kernel entries: {kernels}"
+            return f"bench: entry {name!r} is not registered; {hint}"
+        if PLATFORM not in known[name].kernels:
+            return (f"bench: entry {name!r} has no kernel yet (no {PLATFORM} kernel; its "
+                    f"golden-alt path is not timed)")
+    return None
 
 
 def bench_cases(names: list[str], preset: str | None, tokens: list[int] | None) -> list[Case]:
     cases = []
     for name, entry in registry.entries().items():
-        if (names and name not in names) or "a5sim" not in entry.kernels:
+        if (names and name not in names) or PLATFORM not in entry.kernels:
             continue
         pool = list(entry.matrix) + list(entry.slow_cases)
         if preset:
@@ -65,43 +109,105 @@ def bench_cases(names: list[str], preset: str | None, tokens: list[int] | None) 
     return cases
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("entries", nargs="*", help="entry names (default: every kernel entry)")
-    ap.add_argument("--preset", choices=("tiny", "flash"), default=None)
-    ap.add_argument("--tokens", type=int, action="append", default=None)
-    args = ap.parse_args(argv)
+def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo: dict) -> dict:
+    """One case's JSON record: ratio = estimated / roofline, bound = the larger term."""
+    roof = roofline(work, plat)
+    est = result.estimated_a5_us()
+    cycles = max((c.get("total_cycles") or 0 for c in result.costs), default=None)
+    return {"entry": case.entry, "case": case.case_id, "preset": case.preset,
+            "tokens": case.tokens, "tp": case.tp, "status": result.status,
+            "estimated_us": est, "total_cycles": cycles or None,
+            "roofline_us": roof.us, "memory_us": roof.memory_us, "compute_us": roof.compute_us,
+            "ratio": est / roof.us if est is not None and roof.us > 0 else None,
+            "bytes": work.bytes, "flops": dict(work.flops), "bound": roof.bound,
+            "verify_level": getattr(result, "verify_level", None),
+            "wall_s": round(result.seconds, 2), "topology": topo}
+
+
+def _topology_record() -> dict:
+    d = topology.describe()
+    return {k: d[k] for k in ("cube_cores", "vector_cores", "clock_mhz", "mismatches")}
+
+
+def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.runner import run_case
+    table = Table(title="Estimated A5 time (cost model) vs roofline", caption=topo_line)
+    for col in ("entry", "preset", "tokens", "tp", "est. A5 us", "total cycles", "roofline us",
+                "est/roofline", "bound", "MB moved", "GFLOP (dtype)", "verify", "wall s",
+                "verdict"):
+        table.add_column(col)
+    for r in rows:
+        flops = ", ".join(f"{n / 1e9:.3g} {d}" for d, n in r["flops"].items() if n) or "0"
+        table.add_row(r["entry"], r["preset"], str(r["tokens"]), str(r["tp"]),
+                      f"{r['estimated_us']:.2f}" if r["estimated_us"] is not None else "-",
+                      str(r["total_cycles"] or "-"), f"{r['roofline_us']:.3f}",
+                      f"{r['ratio']:.1f}x" if r["ratio"] is not None else "-", r["bound"],
+                      f"{r['bytes'] / 1e6:.3f}", flops, str(r["verify_level"] or "-"),
+                      f"{r['wall_s']:.1f}", r["status"])
+    con = Console()
+    con = con if con.is_terminal else Console(width=220)
+    con.print(table)
+    peaks = ", ".join(f"{d} {p / 1e12:.1f}" for d, p in plat.peaks.items())
+    con.print(f"Roofline figures ({plat.soc} platform file): HBM {plat.hbm_bytes_per_s / 1e12:.2f} "
+              f"TB/s, peaks TFLOP/s: {peaks}.  Estimates are the cost model's AICore "
+              f"end-to-end time, deterministic run to run.", highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.bench",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("entries", nargs="*", help="entry names (default: every kernel entry)")
+    ap.add_argument("--preset", choices=("tiny", "flash"), default=None)
+    ap.add_argument("--tokens", type=int, action="append", default=None)
+    ap.add_argument("--json", action="store_true",
+                    help="print one JSON object per case instead of the table")
+    ap.add_argument("--plot", metavar="FILE", default=None,
+                    help="also draw the roofline chart of these rows into FILE (.png or .svg)")
+    args = ap.parse_args(argv)
+    if args.plot is not None:
+        from harness.plots import PlotError, check_image_path, require_matplotlib
+        try:
+            check_image_path(args.plot)
+            require_matplotlib()
+        except PlotError as err:
+            print(f"bench: {err}", file=sys.stderr)
+            return 2
+    bad_tokens = [t for t in args.tokens or () if t < 1]
+    if bad_tokens:
+        print(f"bench: --tokens {bad_tokens[0]} must be >= 1", file=sys.stderr)
+        return 2
+    problem = check_names(args.entries)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     cases = bench_cases(args.entries, args.preset, args.tokens)
     if not cases:
         print("bench: no kernel entry matches", file=sys.stderr)
         return 2
-    table = Table(title="Estimated A5 time (cost model) vs roofline")
-    for col in ("entry", "preset", "tokens", "tp", "est. A5 us", "total cycles", "roofline us",
-                "est/roofline", "MB moved", "GFLOP", "wall s", "verdict"):
-        table.add_column(col)
-    bad = 0
+    from harness.runner import run_case
+
+    plat = topology.read_platform()
+    topo = _topology_record()
+    rows, bad = [], 0
     for case in cases:
         entry = registry.get(case.entry)
+        work = case_work(entry, case)
+        roofline(work, plat)  # a bad declaration fails before the run
         r = run_case(case)
-        nbytes, flops = case_work(entry, case)
-        est = r.estimated_a5_us()
-        roof = roofline_us(nbytes, flops)
-        cycles = max((c.get("total_cycles", 0) for c in r.costs), default=None)
         bad += r.status != "pass"
-        table.add_row(case.entry, case.preset, str(case.tokens), str(case.tp),
-                      f"{est:.2f}" if est is not None else "-", str(cycles or "-"),
-                      f"{roof:.3f}", f"{est / roof:.1f}x" if est and roof else "-",
-                      f"{nbytes / 1e6:.3f}", f"{flops / 1e9:.3f}", f"{r.seconds:.1f}", r.status)
-    con = Console()
-    con = con if con.is_terminal else Console(width=200)
-    con.print(table)
-    con.print(f"A5 figures: Cube peak {CUBE_PEAK_FLOPS / 1e12:.1f} TFLOP/s BF16, HBM "
-              f"{HBM_BYTES_PER_S / 1e12:.2f} TB/s (Ascend950PR_9579.ini); estimates are the cost "
-              f"model's AICore end-to-end time, deterministic run to run.", highlight=False)
+        rows.append(bench_row(case, r, work, plat, topo))
+        if args.json:
+            print(json.dumps(rows[-1]), flush=True)
+    if not args.json:
+        _print_table(rows, plat, topology.summary())
+    if args.plot is not None:
+        from harness.plots.roofline import write_roofline
+        path, data = write_roofline(rows, args.plot, plat.hbm_bytes_per_s, plat.peaks)
+        left = f"; not on it: {', '.join(data['left_off'])}" if data["left_off"] else ""
+        print(f"roofline chart: {path} ({len(data['points'])} cases{left})",
+              file=sys.stderr if args.json else sys.stdout)
     return 1 if bad else 0
 
 

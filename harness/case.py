@@ -90,6 +90,18 @@ def _check(ok: bool, message: str) -> None:
         raise CaseError(message)
 
 
+def validate_axis_values(*, tp: int | None = None, dp: int | None = None,
+                         ep: int | None = None) -> None:
+    """Raise :class:`CaseError` for a parallel-axis value no entry accepts (the contract's
+    TP and EP sizes, dp >= 1); front ends check selection flags with it before any work."""
+    if tp is not None:
+        _check(tp in SUPPORTED_TP_SIZES, f"tp: {tp} is not one of {SUPPORTED_TP_SIZES}")
+    if dp is not None:
+        _check(dp >= 1, f"dp: {dp} must be >= 1")
+    if ep is not None:
+        _check(ep in SUPPORTED_EP_SIZES, f"ep: {ep} is not one of {SUPPORTED_EP_SIZES}")
+
+
 def validate_case(case: Case, support: Support, cards_available: int | None = None) -> None:
     """Raise :class:`CaseError` naming the axis and bound of the first broken rule."""
     try:
@@ -97,15 +109,14 @@ def validate_case(case: Case, support: Support, cards_available: int | None = No
     except ConfigError as err:
         raise CaseError(str(err)) from None
     _check(case.platform in PLATFORMS, f"platform: {case.platform!r} is not one of {PLATFORMS}")
-    _check(case.tp in SUPPORTED_TP_SIZES, f"tp: {case.tp} is not one of {SUPPORTED_TP_SIZES}")
+    validate_axis_values(tp=case.tp)
     _check(case.tp in support.tp_sizes,
            f"tp: {case.tp} is not supported by {case.entry} (supported {support.tp_sizes})")
     _check(case.dp in support.dp_sizes,
            f"dp: {case.dp} is not supported by {case.entry} (supported {support.dp_sizes})")
     _check(case.ep in support.ep_sizes,
            f"ep: {case.ep} is not supported by {case.entry} (supported {support.ep_sizes})")
-    if case.ep is not None:
-        _check(case.ep in SUPPORTED_EP_SIZES, f"ep: {case.ep} is not one of {SUPPORTED_EP_SIZES}")
+    validate_axis_values(ep=case.ep)
     try:
         case.parallel
     except ConfigError as err:

@@ -3,7 +3,9 @@ one case as a test.
 
 Node ids are the case ids (they name every axis); the axes tp, dp, ep, wiring and preset
 are separate parameters so ``--tp 4`` selection and the queue runner's card count read
-them.  FLASH-shape cases carry the ``slow`` marker.
+them.  FLASH-shape cases carry the ``slow`` marker; cases whose system under test on a5sim
+is a second path through the goldens (no kernel) carry ``golden_alt``, so
+``-m "not golden_alt"`` runs kernels only.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ import pytest
 from harness import registry
 from harness.case import Case
 from harness.pytest_plugin import RunOptions
-from harness.runner import run_case
+from harness.runner import run_case, sut_kind
 
 ARGNAMES = "case,tp,dp,ep,wiring,preset"
 
 
 def entry_params(name: str) -> list:
-    """pytest params of entry ``name``'s default matrix plus its slow cases."""
+    """pytest params of entry ``name``'s default matrix plus its slow cases (marked
+    ``slow``), all marked ``golden_alt`` when the a5sim SUT is the golden-alt path."""
     entry = registry.get(name)
-    params = [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id)
+    alt = [pytest.mark.golden_alt] if sut_kind(entry.sut_for("a5sim")[0]) == "golden-alt" else []
+    params = [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id, marks=alt)
               for c in entry.matrix]
     params += [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id,
-                            marks=pytest.mark.slow) for c in entry.slow_cases]
+                            marks=[pytest.mark.slow, *alt]) for c in entry.slow_cases]
     return params
 
 

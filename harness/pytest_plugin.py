@@ -4,11 +4,13 @@
 with another value is deselected, so ``pytest cases/ -k c1a_reindex --tp 4`` runs exactly
 the tp-4 C1A Reindex cases in one process (shapes are never fixed at import).
 ``--platform``, ``--device`` and ``--save-data`` configure the run and reach tests
-through the ``run_options`` fixture.
+through the ``run_options`` fixture.  A ``--tp/--dp/--ep`` value the harness refuses is a
+usage error (exit 4) with the harness's message.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -40,6 +42,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="decode attention wiring(s) to validate (default both)")
     g.addoption("--save-data", nargs="?", const="out/data", default=None,
                 help="save inputs, goldens and outputs under this folder (default out/data)")
+    g.addoption("--verify", default=None, choices=("tensor", "lowered"),
+                help="a5sim pass verification: tensor graph only (default) or also every "
+                     "lowering pass (sets V41_VERIFY for this run and its workers)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _refuse_bad_axis_values(config)
+    level = config.getoption("verify", None)
+    if level is not None:  # env, so xdist workers and launch workers inherit it
+        os.environ["V41_VERIFY"] = level
+
+
+def _refuse_bad_axis_values(config: pytest.Config) -> None:
+    """A selecting value the harness refuses is a usage error with the harness's message
+    (exit 4), not a run in which every case is deselected."""
+    from harness.case import CaseError, validate_axis_values
+    try:
+        validate_axis_values(**{a: config.getoption(a, None) for a in ("tp", "dp", "ep")})
+    except CaseError as err:
+        raise pytest.UsageError(str(err)) from None
 
 
 def _parse_devices(text: str | None) -> tuple[int, ...] | None:

@@ -10,6 +10,7 @@ adding a mode is adding one entry module under ``harness/entries/``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from goldens.config import V41Config
-from harness.case import Case, Support
+from harness.case import Case, CaseError, Support
 
 Tensors = dict[str, torch.Tensor]
 
@@ -34,6 +35,27 @@ class SutOutput:
 
 # (platform object, config, case, inputs) -> SutOutput; inputs are the SUT's own copies
 SutFn = Callable[[object, V41Config, Case, Tensors], SutOutput]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one launch must do, for the bench roofline: ``bytes`` moved to or from HBM
+    (every gathered row counted per gather, tables only for the rows read, outputs for the
+    rows written) and ``flops`` per compute dtype (keys of
+    ``harness.platforms.topology.COMPUTE_DTYPES``: cube ``bf16``/``fp8``/``fp32``,
+    ``vector_fp32`` for elementwise work)."""
+
+    bytes: int
+    flops: dict[str, int] = field(default_factory=dict)
+
+
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Total storage bytes of ``tensors`` (each moved once)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# (config, case, inputs from build_inputs) -> Work
+WorkFn = Callable[[V41Config, Case, Tensors], Work]
 
 
 @dataclass(frozen=True)
@@ -59,7 +81,7 @@ class Entry:
     alternate: SutFn | None = None
     alternate_label: str = ""
     slow_cases: tuple[Case, ...] = ()  # FLASH-shape cases, run under the `slow` marker
-    flops: Callable[[V41Config, Case], int] | None = None  # for the bench roofline
+    work: WorkFn | None = None  # bytes and FLOPs of one case, for the bench roofline
 
     def sut_for(self, platform: str) -> tuple[str, SutFn | None]:
         """(label, function) of the system under test on ``platform``."""
@@ -108,8 +130,20 @@ def entries() -> dict[str, Entry]:
     return dict(sorted(_ENTRIES.items()))
 
 
+class UnknownEntryError(CaseError, KeyError):
+    """An entry name that is not registered.  A :class:`CaseError` for front ends and a
+    ``KeyError`` for lookups; its text is the plain message (no ``KeyError`` quoting)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def get(name: str) -> Entry:
+    """The entry called ``name``; :class:`UnknownEntryError` naming close matches if none."""
     all_entries = entries()
     if name not in all_entries:
-        raise KeyError(f"entry: {name!r} is not registered (known: {', '.join(all_entries)})")
+        close = difflib.get_close_matches(name, list(all_entries), n=3)
+        hint = (f"did you mean {' or '.join(close)}?" if close
+                else f"known: {', '.join(all_entries)}")
+        raise UnknownEntryError(f"entry: {name} is not registered; {hint}")
     return all_entries[name]

@@ -28,10 +28,16 @@ class CaseResult:
     seconds: float = 0.0
     reason: str = ""
     data_dir: str | None = None
+    verify_level: str | None = None  # the platform's verify level when a kernel ran
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+    @property
+    def sut_kind(self) -> str:
+        """``kernel`` or ``golden-alt`` from the ``sut`` label; ``none`` without a SUT."""
+        return sut_kind(self.sut)
 
     def estimated_a5_us(self) -> float | None:
         """Largest per-rank AICore end-to-end estimate of the cost model, if any."""
@@ -43,6 +49,12 @@ class CaseResult:
             return f"{self.case.case_id}: {self.status}: {self.reason}"
         bad = [v.line() for v in self.verdicts if not v.passed]
         return "\n".join([f"{self.case.case_id}: {len(bad)} failing checks", *bad])
+
+
+def sut_kind(label: str) -> str:
+    """The kind of a SUT label (``kernel:...``, ``golden-alt:...`` or ``none``)."""
+    kind = label.split(":", 1)[0]
+    return kind if kind in ("kernel", "golden-alt") else "none"
 
 
 def load_platform(name: str, devices: tuple[int, ...] | None = None):
@@ -65,7 +77,10 @@ def run_case(case: Case, *, save_root: str | None = None, cards_available: int |
     if label.startswith("kernel:") and platform is None:
         platform = owned = load_platform(case.platform, devices)
     try:
-        return _run(case, entry, label, sut, platform, save_root, start)
+        result = _run(case, entry, label, sut, platform, save_root, start)
+        if label.startswith("kernel:") and platform is not None and result.status != "skip":
+            result.verify_level = getattr(platform, "verify_level", None)
+        return result
     finally:
         if owned is not None:
             owned.close()
@@ -99,6 +114,8 @@ def _run(case, entry, label, sut, platform, save_root, start) -> CaseResult:
     status = "pass" if all_passed(verdicts) else "fail"
     result = CaseResult(case, label, status, verdicts, produced.costs,
                         time.perf_counter() - start)
+    if label.startswith("kernel:") and platform is not None:  # set before save_case records it
+        result.verify_level = getattr(platform, "verify_level", None)
     if save_root is not None:
         from harness.data import save_case
         result.data_dir = str(save_case(save_root, result, inputs, golden, produced.outputs))

@@ -33,7 +33,9 @@ class Verdict:
     worst row (index, tuple over leading dims, or None for a global metric);
     ``failing_rows`` lists every failing row, ``n_failing`` of ``n_checked`` rows.
     ``metric`` is the formula checked, ``note`` extra context (first changed index, ...),
-    ``detail`` the one-sentence summary of all of it.
+    ``detail`` the one-sentence summary of all of it.  A check over no rows measured
+    nothing: it is not :attr:`applicable` (``measured`` and ``margin`` are NaN); it does
+    not fail the case, and reports show it as "n/a", never as a pass.
     """
 
     output: str
@@ -51,8 +53,16 @@ class Verdict:
     metric: str = ""
     note: str = ""
 
+    @property
+    def applicable(self) -> bool:
+        """False when the check had nothing to measure (no rows, no elements); a failing
+        verdict is always applicable."""
+        return self.n_checked > 0 or not self.passed
+
     def line(self) -> str:
         """The fixed one-line rendering: status, output, check, row, measured, bound."""
+        if not self.applicable:
+            return f"N/A {self.output} {self.check}: no rows to check [{self.metric}]"
         status = "PASS" if self.passed else "FAIL"
         tail = self.metric + (f"; {self.note}" if self.note else "")
         return (
@@ -85,7 +95,8 @@ def summarize(
     """One verdict from per-row ``measured`` values and a scalar or per-row ``bound``.
 
     Every row is judged; the verdict names the row with the smallest margin and lists
-    all failing rows.  No rows at all is a pass (``row=None``, ``margin=inf``).
+    all failing rows.  No rows at all measures nothing: a verdict that is not
+    :attr:`~Verdict.applicable` (``row=None``, ``measured`` and ``margin`` NaN).
     """
     if relation not in _RELATIONS:
         raise ValueError(f"{output}: relation {relation!r} is not one of {sorted(_RELATIONS)}")
@@ -97,8 +108,8 @@ def summarize(
     if meas.size == 0:
         flat = np.asarray(bound, dtype=np.float64).reshape(-1)
         b = float(flat[0]) if flat.size else math.nan
-        return Verdict(output, check, True, None, math.nan, b, math.inf,
-                       f"{what}: no rows to check", relation, (), 0, 0, metric)
+        return Verdict(output, check, True, None, math.nan, b, math.nan,
+                       f"{what}: no rows to check (not applicable)", relation, (), 0, 0, metric)
     ok = _RELATIONS[relation](meas, bnd)
     margins = _margins(meas, bnd, relation)
     worst_i = int(np.argmin(margins))
@@ -146,8 +157,9 @@ def failures(verdicts: Iterable[Verdict]) -> list[Verdict]:
 
 
 def worst(verdicts: Iterable[Verdict]) -> Verdict | None:
-    """The verdict with the smallest margin (first one on ties); None when empty."""
-    return min(verdicts, key=lambda v: v.margin, default=None)
+    """The applicable verdict with the smallest margin (first one on ties); None when no
+    verdict measured anything."""
+    return min((v for v in verdicts if v.applicable), key=lambda v: v.margin, default=None)
 
 
 def format_failures(verdicts: Iterable[Verdict]) -> str:

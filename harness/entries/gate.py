@@ -21,7 +21,8 @@ from harness.case import Case, Support
 from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel, check_zero_rows
 from harness.entries._kernel import active_count, single_launch
 from harness.fixtures import SENTINEL, randn, sentinel
-from harness.registry import Entry, register
+from harness.platforms.topology import CUBE_FP32, VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 MODULE = "v41.gate"
 SUPPORT = Support(phase="prefill", kinds=("mixed", "ties"), inactive_rows=True)
@@ -56,6 +57,13 @@ def kernel_sut(**options):
     return single_launch(MODULE, validate=validate_launch, **options)
 
 
+def work(config, case, inputs):
+    """Every tensor moved once; the FP32 x FP32 logits matmul on the cube; per (token,
+    expert) about four vector operations (softplus, sqrt, bias add, selection)."""
+    t, d, e = case.tokens, config.hidden_size, config.moe.n_routed_experts
+    return Work(tensor_bytes(*inputs.values()), {CUBE_FP32: 2 * t * d * e, VECTOR_FP32: 4 * t * e})
+
+
 def golden(config, case, inputs):
     idx, w = route(inputs["x_norm"], inputs["gate_weight"], inputs["correction_bias"], config,
                    num_active=int(inputs["num_tokens"][0]))
@@ -86,5 +94,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="gate", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": kernel_sut(), "a5": kernel_sut()},
-    flops=lambda cfg, case: 2 * case.tokens * cfg.hidden_size * cfg.moe.n_routed_experts,
+    work=work,
 ))

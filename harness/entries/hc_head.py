@@ -12,7 +12,8 @@ from harness.compare import check_row_bound, check_sentinel
 from harness.entries._kernel import single_launch
 from harness.entries.hc_pre import pre_mix, residual_lanes
 from harness.fixtures import SENTINEL, sentinel
-from harness.registry import Entry, register
+from harness.platforms.topology import VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 SUPPORT = Support(phase="prefill", kinds=("mixed", "onehot"))
 
@@ -21,6 +22,12 @@ def build_inputs(config, case):
     return {"x_hc": residual_lanes(config, case, "x_hc_last"),
             "last_pre_mix": pre_mix(config, case, "last_pre_mix"),
             "y": sentinel((case.tokens, config.hidden_size))}
+
+
+def work(config, case, inputs):
+    """x_hc and last_pre_mix read once, y written; one FP32 multiply and add per lane
+    element."""
+    return Work(tensor_bytes(*inputs.values()), {VECTOR_FP32: 2 * inputs["x_hc"].numel()})
 
 
 def golden(config, case, inputs):
@@ -41,4 +48,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="hc_head", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.hc_head"), "a5": single_launch("v41.hc_head")},
+    work=work,
 ))

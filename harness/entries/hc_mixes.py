@@ -18,7 +18,8 @@ from harness.compare import check_row_bound, check_sentinel
 from harness.entries._kernel import single_launch
 from harness.entries.hc_pre import residual_lanes
 from harness.fixtures import SENTINEL, randn, sentinel, uniform
-from harness.registry import Entry, register
+from harness.platforms.topology import CUBE_FP32, VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 SUPPORT = Support(phase="prefill", kinds=("mixed", "sharp"))
 SHARP_COMB_SCALE = 16.0  # kind "sharp": comb logits scaled up, Sinkhorn converges slowly
@@ -43,6 +44,16 @@ def build_inputs(config, case):
             "pre": sentinel((t, hc), torch.float32),
             "post": sentinel((t, hc), torch.float32),
             "comb": sentinel((t, hc, hc), torch.float32)}
+
+
+def work(config, case, inputs):
+    """Every tensor moved once; the FP32 x FP32 projection on the cube; on the vector unit
+    the RMS (square, sum per lane element) and the Sinkhorn passes (a sum and a divide per
+    comb element for rows and again for columns, per pass)."""
+    t, hc = case.tokens, config.hc.hc_mult
+    vector = 2 * inputs["x_hc"].numel() + config.hc.sinkhorn_iters * 4 * t * hc * hc
+    return Work(tensor_bytes(*inputs.values()),
+                {CUBE_FP32: 2 * t * config.hc_dim * config.mix_hc, VECTOR_FP32: vector})
 
 
 def golden(config, case, inputs):
@@ -72,5 +83,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="hc_mixes", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.hc_mixes"), "a5": single_launch("v41.hc_mixes")},
-    flops=lambda cfg, case: 2 * case.tokens * cfg.hc_dim * cfg.mix_hc,
+    work=work,
 ))

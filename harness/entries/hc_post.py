@@ -15,7 +15,8 @@ from harness.compare import check_non_owned_bytes, check_row_bound, check_sentin
 from harness.entries._kernel import single_launch
 from harness.entries.hc_pre import residual_lanes
 from harness.fixtures import SENTINEL, randn, sentinel, uniform
-from harness.registry import Entry, register
+from harness.platforms.topology import VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 SUPPORT = Support(phase="prefill")
 
@@ -29,6 +30,13 @@ def build_inputs(config, case):
             "post": 2.0 * torch.sigmoid(randn((t, hc), case.seed, "post", scale=2.0)),
             "comb": sinkhorn(logits, config),
             "out": sentinel((t, hc, d), torch.float32)}
+
+
+def work(config, case, inputs):
+    """y, x_hc, post, comb read once, out written; per out element one FP32 multiply
+    (post * y) and hc multiply-adds (comb mixing)."""
+    per_element = 1 + 2 * config.hc.hc_mult
+    return Work(tensor_bytes(*inputs.values()), {VECTOR_FP32: inputs["out"].numel() * per_element})
 
 
 def golden(config, case, inputs):
@@ -54,4 +62,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="hc_post", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.hc_post"), "a5": single_launch("v41.hc_post")},
+    work=work,
 ))

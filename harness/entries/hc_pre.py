@@ -9,7 +9,8 @@ from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel
 from harness.entries._kernel import single_launch
 from harness.fixtures import SENTINEL, randn, sentinel, uniform
-from harness.registry import Entry, register
+from harness.platforms.topology import VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 SUPPORT = Support(phase="prefill", kinds=("mixed", "onehot"))
 
@@ -37,6 +38,11 @@ def build_inputs(config, case):
             "y": sentinel((case.tokens, config.hidden_size))}
 
 
+def work(config, case, inputs):
+    """x_hc and pre read once, y written; one FP32 multiply and add per lane element."""
+    return Work(tensor_bytes(*inputs.values()), {VECTOR_FP32: 2 * inputs["x_hc"].numel()})
+
+
 def golden(config, case, inputs):
     return {"y": hc_pre(inputs["x_hc"], inputs["pre"], config)}
 
@@ -55,4 +61,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="hc_pre", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.hc_pre"), "a5": single_launch("v41.hc_pre")},
+    work=work,
 ))

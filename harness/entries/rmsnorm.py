@@ -9,7 +9,8 @@ from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel
 from harness.entries._kernel import single_launch
 from harness.fixtures import SENTINEL, randn, sentinel, uniform
-from harness.registry import Entry, register
+from harness.platforms.topology import VECTOR_FP32
+from harness.registry import Entry, Work, register, tensor_bytes
 
 SUPPORT = Support(phase="prefill", kinds=("mixed", "zero"))
 
@@ -24,6 +25,12 @@ def build_inputs(config, case):
     return {"x": x.to(torch.bfloat16),
             "weight": uniform((d,), case.seed, "weight", 0.5, 1.5, torch.bfloat16),
             "y": sentinel((case.tokens, d))}
+
+
+def work(config, case, inputs):
+    """x and weight read once, y written; FP32 vector math per element: square, sum,
+    scale, weight."""
+    return Work(tensor_bytes(*inputs.values()), {VECTOR_FP32: 4 * inputs["x"].numel()})
 
 
 def golden(config, case, inputs):
@@ -44,4 +51,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="rmsnorm", tokens=192, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": single_launch("v41.rmsnorm"), "a5": single_launch("v41.rmsnorm")},
+    work=work,
 ))

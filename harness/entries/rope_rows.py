@@ -17,7 +17,7 @@ from harness.case import Case, Support
 from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
 from harness.entries._kernel import active_count, single_launch
 from harness.fixtures import SENTINEL, generator
-from harness.registry import Entry, register
+from harness.registry import Entry, Work, register, tensor_bytes
 
 MODULE = "v41.rope_rows"
 SUPPORT = Support(phase="prefill", inactive_rows=True)
@@ -64,6 +64,18 @@ def kernel_sut(**options):
     return single_launch(MODULE, validate=validate_launch, **options)
 
 
+def work(config, case, inputs):
+    """Active rows only: num_tokens and the n active positions read; per active token with
+    a position >= 0 one cos and one sin table row gathered (a negative position is the
+    identity and reads nothing); n rows of each output written.  No arithmetic."""
+    n = int(inputs["num_tokens"][0])
+    pos = inputs["position_ids"][:n]
+    gathered = int((pos >= 0).sum())
+    table_row = tensor_bytes(inputs["freqs_cos"][0]) + tensor_bytes(inputs["freqs_sin"][0])
+    out_row = tensor_bytes(inputs["rope_cos"][0]) + tensor_bytes(inputs["rope_sin"][0])
+    return Work(tensor_bytes(inputs["num_tokens"], pos) + gathered * table_row + n * out_row)
+
+
 def golden(config, case, inputs):
     cos, sin = inputs["rope_cos"].clone(), inputs["rope_sin"].clone()
     materialize_rope_rows(inputs["freqs_cos"], inputs["freqs_sin"], inputs["position_ids"],
@@ -95,4 +107,5 @@ ENTRY = register(Entry(
     slow_cases=(Case(entry="rope_rows", tokens=4096, active_tokens=4000, preset="flash"),),
     build_inputs=build_inputs, golden=golden, compare=compare,
     kernels={"a5sim": kernel_sut(), "a5": kernel_sut()},
+    work=work,
 ))

@@ -1,30 +1,207 @@
-"""Bench roofline arithmetic and case selection (no launches)."""
+"""Bench roofline arithmetic, declared work, case selection, JSON rows and name errors.
+
+Launch-free: the one test of ``main`` replaces the runner with a fixed result.
+"""
+
+import json
 
 import pytest
 
-from harness import registry
-from harness.bench import (CUBE_PEAK_FLOPS, HBM_BYTES_PER_S, bench_cases, case_work, roofline_us)
+from harness import bench, registry
+from harness.bench import bench_cases, case_work, check_names, roofline
 from harness.case import Case
+from harness.platforms import topology
+from harness.registry import Work, tensor_bytes
+from harness.runner import CaseResult
+
+PLAT = topology.read_platform()
 
 
-def test_a5_figures_from_the_platform_file():
-    assert CUBE_PEAK_FLOPS == pytest.approx(28 * 4096 * 2 * 1.65e9)
-    assert HBM_BYTES_PER_S == pytest.approx(28 * 31 * 1.65e9)
+def kernel_entries():
+    return [n for n, e in registry.entries().items() if "a5sim" in e.kernels]
 
 
 def test_roofline_takes_the_binding_resource():
-    assert roofline_us(int(HBM_BYTES_PER_S), 0) == pytest.approx(1e6)
-    assert roofline_us(0, int(CUBE_PEAK_FLOPS)) == pytest.approx(1e6)
-    assert roofline_us(int(HBM_BYTES_PER_S), int(2 * CUBE_PEAK_FLOPS)) == pytest.approx(2e6)
+    one_s_of_hbm = int(PLAT.hbm_bytes_per_s)
+    mem = roofline(Work(one_s_of_hbm), PLAT)
+    assert mem.us == pytest.approx(1e6) and mem.bound == "memory"
+    bf16_2s = int(2 * PLAT.peaks["bf16"])
+    both = roofline(Work(one_s_of_hbm, {"bf16": bf16_2s}), PLAT)
+    assert both.us == pytest.approx(2e6) and both.bound == "compute"
+
+
+def test_fp32_matmul_is_rated_against_the_fp32_peak():
+    # the platform file's FP32 fractal (DT_FLOAT=16,8,16) does half the MACs of BF16's
+    # (Default=16,16,16) per cycle: the same FLOPs take twice as long in FP32
+    f = 10**12
+    fp32 = roofline(Work(0, {"fp32": f}), PLAT).compute_us
+    bf16 = roofline(Work(0, {"bf16": f}), PLAT).compute_us
+    assert fp32 == pytest.approx(2 * bf16)
+    assert fp32 == pytest.approx(f / PLAT.peaks["fp32"] * 1e6)
+    # gate's router matmul is FP32 x FP32: declared as fp32 work, not bf16
+    case = Case(entry="gate", tokens=7, preset="flash")
+    w = case_work(registry.get("gate"), case)
+    cfg = case.config
+    assert w.flops["fp32"] == 2 * 7 * cfg.hidden_size * cfg.moe.n_routed_experts
+    assert "bf16" not in w.flops
+
+
+def test_cube_dtypes_share_the_cube_and_the_vector_unit_overlaps():
+    f = 10**12
+    cube = roofline(Work(0, {"bf16": f, "fp32": f}), PLAT).compute_us
+    assert cube == pytest.approx((f / PLAT.peaks["bf16"] + f / PLAT.peaks["fp32"]) * 1e6)
+    vec = f / PLAT.peaks["vector_fp32"] * 1e6
+    mixed = roofline(Work(0, {"bf16": f, "vector_fp32": f}), PLAT).compute_us
+    assert mixed == pytest.approx(max(f / PLAT.peaks["bf16"] * 1e6, vec))
+
+
+def test_unknown_flop_dtype_is_refused_by_name():
+    with pytest.raises(ValueError, match="'int4'"):
+        roofline(Work(0, {"int4": 1}), PLAT)
 
 
 def test_rmsnorm_bytes_are_its_abi_tensors():
-    entry = registry.get("rmsnorm")
-    nbytes, flops = case_work(entry, Case(entry="rmsnorm", tokens=10, preset="flash"))
-    assert nbytes == (10 * 5120 * 2) * 2 + 5120 * 2 and flops == 0
+    w = case_work(registry.get("rmsnorm"), Case(entry="rmsnorm", tokens=10, preset="flash"))
+    assert w.bytes == (10 * 5120 * 2) * 2 + 5120 * 2
+    assert set(w.flops) == {"vector_fp32"}
+
+
+def test_every_kernel_entry_declares_rateable_work():
+    for name in kernel_entries():
+        entry = registry.get(name)
+        assert entry.work is not None, name
+        for case in entry.matrix:
+            w = case_work(entry, case)
+            assert w.bytes > 0 and all(v >= 0 for v in w.flops.values()), case.case_id
+            roofline(w, PLAT)  # every declared dtype has a peak
+
+
+def _rope(capacity_factor: int = 1, all_identity: bool = False):
+    entry = registry.get("rope_rows")
+    case = Case(entry="rope_rows", tokens=192, active_tokens=150, preset="flash")
+    inputs = entry.build_inputs(case.config, case)
+    if capacity_factor > 1:  # a bigger table, same positions
+        for k in ("freqs_cos", "freqs_sin"):
+            inputs[k] = inputs[k].repeat(capacity_factor, 1)
+    if all_identity:
+        inputs["position_ids"][:150] = -1
+    return entry.work(case.config, case, inputs), inputs
+
+
+def test_rope_rows_bytes_follow_the_gathered_rows_not_the_table():
+    w, inputs = _rope()
+    assert w.bytes < tensor_bytes(inputs["freqs_cos"]) / 10  # the table is 2.1 MB
+    assert _rope(capacity_factor=4)[0].bytes == w.bytes
+    gathered = int((inputs["position_ids"][:150] >= 0).sum())
+    row = 2 * inputs["freqs_cos"].shape[1] * 4  # one cos and one sin FP32 row
+    assert 0 < gathered < 150
+    assert w.bytes - _rope(all_identity=True)[0].bytes == gathered * row
+
+
+def _sparse(blocks_factor: int = 1, drop_token: int | None = None):
+    entry = registry.get("sparse_attention")
+    case = Case(entry="sparse_attention", tokens=48, tp=4, preset="flash")
+    inputs = entry.build_inputs(case.config, case)
+    if blocks_factor > 1:  # a bigger cache, same row ids
+        for k in ("window_kv", "window_kv_scale"):
+            inputs[k] = inputs[k].repeat(blocks_factor, 1, 1, 1)
+    if drop_token is not None:
+        inputs["indices"][drop_token] = -1
+    return entry.work(case.config, case, inputs), inputs
+
+
+def test_sparse_attention_bytes_follow_the_gathered_rows():
+    w, inputs = _sparse()
+    idx = inputs["indices"]
+    d, g = inputs["window_kv"].shape[-1], inputs["window_kv_scale"].shape[-1]
+    assert _sparse(blocks_factor=3)[0].bytes == w.bytes
+    # every valid id of every token is a gather (row ids repeat across tokens)
+    n_valid = int((idx >= 0).sum())
+    assert n_valid > idx.shape[0] and len(set(idx[idx >= 0].tolist())) < n_valid
+    t = 0
+    valid_t = int((idx[t] >= 0).sum())
+    dropped, _ = _sparse(drop_token=t)
+    assert w.bytes - dropped.bytes == valid_t * (d + g)
+    heads = inputs["q"].shape[1]
+    assert w.flops["bf16"] - dropped.flops["bf16"] == 4 * heads * valid_t * d
+    # the gathered rows dominate: more than the whole 0.5 MB cache, far more than q + out
+    assert w.bytes > tensor_bytes(inputs["window_kv"], inputs["window_kv_scale"])
 
 
 def test_bench_selects_kernel_entries_and_shapes():
     cases = bench_cases(["rmsnorm"], "flash", [1, 192])
     assert [(c.preset, c.tokens) for c in cases] == [("flash", 1), ("flash", 192)]
     assert all(registry.get(c.entry).kernels for c in bench_cases([], None, None))
+
+
+def test_unknown_entry_is_not_registered_with_close_matches(capsys):
+    assert check_names(["rmsnorm"]) is None
+    assert bench.main(["rmsnrm"]) == 2
+    err = capsys.readouterr().err
+    assert "'rmsnrm' is not registered" in err and "did you mean rmsnorm" in err
+    assert bench.main(["bogus"]) == 2
+    assert "'bogus' is not registered" in capsys.readouterr().err
+
+
+def test_entry_without_kernel_says_no_kernel_yet(capsys):
+    assert registry.get("decode_swa").kernels == {}
+    assert bench.main(["decode_swa"]) == 2
+    assert "'decode_swa' has no kernel yet" in capsys.readouterr().err
+
+
+def test_bad_tokens_refused_before_any_work(capsys):
+    assert bench.main(["rmsnorm", "--tokens", "0"]) == 2
+    assert "--tokens 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_json_rows_are_complete_and_consistent(monkeypatch, capsys):
+    est = {"rmsnorm": 7.5, "gate": 3.0}
+
+    def fake_run(case, *a, **k):
+        r = CaseResult(case=case, sut="kernel:x", status="pass",
+                       costs=[{"rank": 0, "aicore_e2e_us": est[case.entry], "total_cycles": 1}])
+        r.verify_level = "tensor"
+        return r
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    assert bench.main(["--json", "rmsnorm", "gate", "--preset", "flash", "--tokens", "192"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["entry"] for r in rows] == ["gate", "rmsnorm"]
+    desc = topology.describe()
+    for r in rows:
+        for key in ("entry", "case", "estimated_us", "roofline_us", "ratio", "bytes", "flops",
+                    "bound", "verify_level", "topology"):
+            assert key in r, key
+        assert r["estimated_us"] == est[r["entry"]] and r["verify_level"] == "tensor"
+        assert r["ratio"] == pytest.approx(r["estimated_us"] / r["roofline_us"])
+        assert r["roofline_us"] == pytest.approx(max(r["memory_us"], r["compute_us"]))
+        assert r["bound"] == ("memory" if r["memory_us"] >= r["compute_us"] else "compute")
+        assert r["memory_us"] == pytest.approx(r["bytes"] / PLAT.hbm_bytes_per_s * 1e6)
+        assert (r["topology"]["cube_cores"], r["topology"]["vector_cores"],
+                r["topology"]["clock_mhz"]) == (desc["cube_cores"], desc["vector_cores"],
+                                                desc["clock_mhz"])
+    assert {r["bound"] for r in rows} == {"memory"}  # both move far more than they compute
+
+
+def test_json_bound_follows_the_larger_term(monkeypatch, capsys):
+    from harness.case import Support
+    from harness.registry import Entry
+
+    def fake_run(case, *a, **k):
+        return CaseResult(case=case, sut="kernel:x", status="pass",
+                          costs=[{"rank": 0, "aicore_e2e_us": 50.0, "total_cycles": 1}])
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    flops = int(10 * PLAT.peaks["fp32"] / 1e6)  # 10 us of FP32 cube work, 1 byte moved
+    heavy = Entry(name="zz_compute_heavy", description="test", support=Support(phase="prefill"),
+                  matrix=(Case(entry="zz_compute_heavy", tokens=1),),
+                  build_inputs=lambda cfg, case: {}, golden=None, compare=None,
+                  kernels={"a5sim": None}, work=lambda cfg, case, inputs: Work(1, {"fp32": flops}))
+    with registry.registered(heavy):
+        assert bench.main(["--json", "zz_compute_heavy"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["bound"] == "compute" and row["compute_us"] == pytest.approx(10.0)
+    assert row["roofline_us"] == pytest.approx(10.0) and row["ratio"] == pytest.approx(5.0)
+    assert row["verify_level"] is None  # the fake result has no verify level

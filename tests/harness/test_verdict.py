@@ -45,9 +45,10 @@ def test_at_least_relation_and_strict_relation():
         single("out", "x", 1.0, 1.0, relation="==")
 
 
-def test_empty_selection_passes():
+def test_empty_selection_passes_but_is_not_applicable():
     v = summarize("out", "row_rms", [], 1.0, [])
-    assert v.passed and v.row is None and v.margin == math.inf and v.n_checked == 0
+    assert v.passed and v.row is None and v.n_checked == 0
+    assert not v.applicable and math.isnan(v.measured) and math.isnan(v.margin)
 
 
 def test_single_reports_failing_rows_given_or_its_own_row():
