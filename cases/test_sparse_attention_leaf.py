@@ -1,6 +1,6 @@
 # ci: a5
-"""Decode sparse attention (per-head sink, MXFP8 window cache) kernel vs golden on the
-selected platform."""
+"""Sparse attention (per-head sink, MXFP8 window + MXFP4 compressed caches; decode sizes and
+host-chunked prefill sizes) kernel vs golden on the selected platform."""
 
 import pytest
 

@@ -1,29 +1,35 @@
-"""Decode sparse attention with the per-head sink over the MXFP8 window cache (golden:
-``goldens.window_cache.gather_window_kv`` then ``goldens.sparse_attention.sparse_attention``).
+"""Sparse attention with the per-head sink over BOTH caches: window rows from the MXFP8
+window cache and compressed rows from the packed MXFP4 compressed cache (golden:
+``goldens.window_cache.gather_window_kv`` + ``goldens.sparse_attention.gather_compressed_kv``,
+``concat_kv_parts`` then ``goldens.sparse_attention.sparse_attention``).
 
-For token ``t`` and local head ``h`` over the rows ``k_j`` named by ``indices[t]``
-(physical row ids ``block * block_size + offset``; ``-1`` = no key)::
+For token ``t`` and local head ``h`` over the rows ``k_j`` named by ``indices[t]`` (window)
+then ``compressed_indices[t]`` (physical row ids ``block * block_size + offset`` in their
+own cache; ``-1`` = no key)::
 
     l_j  = (q_th . k_j) * head_dim^-0.5                                 (FP32)
     o_th = sum_j exp(l_j - m) k_j / (exp(sink_h - m) + sum_j exp(l_j - m))
 
-with V = K (the same latent rows), the sink in the denominator only, one BF16 cast.
+with V = K (the same latent rows), the sink in the denominator only, one BF16 cast: one
+softmax over the window and compressed keys together.
 
 Kernel algorithm (per token, all local heads at once):
 
-* the token's keys are processed in tiles of ``key_tile`` (64, or K when K < 64); each
-  tile gathers its payload and scale rows with ``index_select`` on ``max(idx, 0)`` (a -1
-  index aborts the interpreter) and decodes them arithmetically: the uint8 codes are read
-  as FP32 and normalised with ``v - 256*floor(v/256)`` (the interpreter reads uint8 as
-  signed), E4M3 = ``(1-2s) * (min(e,1) + m/8) * 2^(max(e,1)-7)`` and E8M0 = ``2^(c-127)``,
-  the power of two as ``exp(x*ln2)`` folded into one exponent; the FP32 row is cast to
-  BF16 (exact for every E4M3 x E8M0 product in BF16's normal range, which also rounds away
-  the ``exp`` error).  The FP8 dtype is not used: the interpreter misdecodes exponent 15.
+* the window keys, then the compressed keys, are processed in tiles of ``key_tile`` (64,
+  or the part's key count when smaller); each tile gathers its payload rows with
+  ``index_select`` on ``max(idx, 0)`` (a -1 index aborts the interpreter) and its scale
+  bytes from the flat scale table at ``row * groups + lane``, computed in INT32 (an FP32
+  row index is wrong past 2^24 flat slots); rows are decoded arithmetically by
+  :mod:`v41.mx_decode` (window: E4M3 x E8M0 per 32; compressed: packed E2M1 pairs, low
+  nibble first, through a 16-entry value table, x E4M3 per 16) to BF16, exact.  The FP8/FP4 dtypes are not used: the
+  interpreter misdecodes FP8 exponent 15 and has no FP4.
 * logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, times ``softmax_scale``; keys with a
-  -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30``;
+  -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
+  every INT32 id);
 * online softmax with FP32 running state (max ``m``, sum ``l``, accumulator ``acc``)
-  started at the sink: ``m = sink``, ``l = 1``, ``acc = 0``.  A fully masked tile or token
-  needs no branch: a token without a valid key gives exactly 0.
+  started at the sink: ``m = sink``, ``l = 1``, ``acc = 0``, carried from the window tiles
+  into the compressed tiles.  A fully masked tile or token needs no branch: a token
+  without a valid key gives exactly 0.
 * probabilities are cast to BF16 before ``P.V`` (FP32 accumulation), as the device kernels
   do; the golden keeps them FP32 (difference ~2^-9 relative per probability, inside the
   contract's per-row bound ``RMS <= 1e-6 + 1 % RMS(ref)``, ``peak <= 1e-5 + 5 % RMS(ref)``).
@@ -35,37 +41,46 @@ BF16 probabilities) exceeds ``5 % RMS(ref)``: FLASH TP4 T=48 K=192 failed ``row_
 1.23x the bound on 4/752 rows (the sink-12 head), reproduced bit for bit by a torch
 emulation of this algorithm and gone when P stays FP32.  MX-published rows pass (0.58x).
 
+Interpreter memory grows with tokens x keys (about 85 MB per token at one FLASH TP4 rank
+with 640 keys): the harness splits large token counts into host-side chunks, each its own
+launch of this kernel; the arithmetic per token is unchanged.
+
 Sinks must be finite (the golden also accepts +-inf; this kernel does not).  Row ids must
-be -1 or inside the cache (the host validates; an id past the cache aborts the gather).
+be -1 or inside their cache, and ``rows * groups`` of each cache must fit INT32 (the host
+validates; an id past the cache aborts the gather).
 
 ABI
 ---
-=================  ===================================  ========  =====
-name               shape                                dtype     role
-=================  ===================================  ========  =====
-q                  (tokens, heads, head_dim)            bfloat16  in
-window_kv          (blocks, block_size, 1, head_dim)    uint8     in   (E4M3 codes)
-window_kv_scale    (blocks, block_size, 1, groups)      uint8     in   (E8M0 codes)
-indices            (tokens, keys)                       int32     in
-attn_sink          (heads,)                             float32   in
-out                (tokens, heads, head_dim)            bfloat16  out
-=================  ===================================  ========  =====
+===================  ====================================  ========  =====
+name                 shape                                 dtype     role
+===================  ====================================  ========  =====
+q                    (tokens, heads, head_dim)             bfloat16  in
+window_kv            (blocks, block_size, 1, head_dim)     uint8     in   (E4M3 codes)
+window_kv_scale      (blocks, block_size, 1, groups)       uint8     in   (E8M0 codes)
+indices              (tokens, keys)                        int32     in   (window rows)
+compressed_kv        (cblocks, block_size, 1, head_dim/2)  uint8     in   (E2M1 pairs)
+compressed_kv_scale  (cblocks, block_size, 1, cgroups)     uint8     in   (E4M3 codes)
+compressed_indices   (tokens, ckeys)                       int32     in
+attn_sink            (heads,)                              float32   in
+out                  (tokens, heads, head_dim)             bfloat16  out
+===================  ====================================  ========  =====
 
 ``tokens`` from ``case["tokens"]`` (a dynamic axis); ``heads = num_heads / case["tp"]``
-(one TP rank's local heads); ``groups = head_dim / window_group``; ``keys`` from
-``case["keys"]`` when given, else :func:`default_keys` (window + compressed-like rows);
-``blocks`` from ``case["blocks"]`` when given, else :func:`default_blocks`.
+(one TP rank's local heads); ``groups = head_dim / window_group``, ``cgroups = head_dim /
+compressed_group``; ``keys`` / ``ckeys`` from ``case["keys"]`` / ``case["ckeys"]`` when
+given, else :func:`default_keys` (FLASH 128 + 512); ``blocks`` / ``cblocks`` from the case
+when given, else :func:`default_blocks` / :func:`default_cblocks`.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-import math
-
+from v41 import mx_decode
 from v41.abi import Arg, case_int, jit_options, resolve
 
 KEY_TILE = 64  # keys per online-softmax step
+KEY_ALIGN = 16  # default key counts are rounded up to this (-1 padded)
 MASK_BIAS = 1.0e30  # added (negated) to the logits of -1 keys
-LN2 = math.log(2.0)
+INT32_MAX = 2 ** 31 - 1
 
 VARIANTS = {
     "reference": "the contract",
@@ -74,6 +89,10 @@ VARIANTS = {
     "sink_numerator": "adds exp(sink - m) to every numerator element as well",
     "unmasked": "does not mask -1 keys (they attend to physical row 0)",
     "wrong_scale": "softmax scale head_dim^-1 instead of head_dim^-0.5",
+    "no_compressed": "ignores the compressed part (window keys only)",
+    "compressed_e8m0": "reads the compressed E4M3 scales as E8M0 codes",
+    "nibble_swap": "unpacks the E2M1 pairs high nibble first",
+    "fp32_row_index": "computes the flat scale slot row * groups + lane in FP32",
 }
 
 ABI = (
@@ -81,26 +100,48 @@ ABI = (
     Arg("window_kv", ("blocks", "block_size", 1, "head_dim"), "uint8", "in"),
     Arg("window_kv_scale", ("blocks", "block_size", 1, "groups"), "uint8", "in"),
     Arg("indices", ("tokens", "keys"), "int32", "in"),
+    Arg("compressed_kv", ("cblocks", "block_size", 1, "half"), "uint8", "in"),
+    Arg("compressed_kv_scale", ("cblocks", "block_size", 1, "cgroups"), "uint8", "in"),
+    Arg("compressed_indices", ("tokens", "ckeys"), "int32", "in"),
     Arg("attn_sink", ("heads",), "float32", "in"),
     Arg("out", ("tokens", "heads", "head_dim"), "bfloat16", "out"),
 )
 
 
-def default_keys(config) -> int:
-    """Keys per token when a case names none: the window plus compressed-like rows
-    (24 for small head dims, 64 at head_dim >= 512)."""
-    return config.sliding_window + (64 if config.head_dim >= 512 else 24)
+def _align(n: int) -> int:
+    return -(-n // KEY_ALIGN) * KEY_ALIGN
+
+
+def default_keys(config) -> tuple[int, int]:
+    """``(window keys, compressed keys)`` when a case names none: the sliding window and the
+    indexer's Top-K, each rounded up to a multiple of 16 (FLASH 128 + 512, TINY 16 + 16)."""
+    return _align(config.sliding_window), _align(config.index.topk)
 
 
 def default_blocks(config, tokens: int) -> int:
-    """Cache blocks when a case names none: room for the window of ``tokens`` consecutive
-    positions plus two spare blocks (at least 4)."""
+    """Window cache blocks when a case names none: room for the window of ``tokens``
+    consecutive positions plus two spare blocks (at least 4)."""
     bs = config.cache.block_size
     return max(4, -(-(config.sliding_window + tokens) // bs) + 2)
 
 
+def default_cblocks(config, ckeys: int) -> int:
+    """Compressed cache blocks when a case names none: ``ckeys`` rows plus two spare
+    blocks (at least 4)."""
+    return max(4, -(-ckeys // config.cache.block_size) + 2)
+
+
 def key_tile(keys: int) -> int:
     return min(KEY_TILE, keys)
+
+
+def _check_part(field: str, keys: int, scale_bytes: int) -> None:
+    tile = key_tile(keys)
+    if keys % tile or tile % 8:
+        raise ValueError(f"case[{field!r}]: {keys} must be a multiple of {tile} and of 8")
+    if tile * scale_bytes % 32:
+        raise ValueError(f"case[{field!r}]: key tile {tile} x {scale_bytes} scale bytes is "
+                         f"not a multiple of 32 bytes")
 
 
 def dims(config, case: dict) -> dict[str, int]:
@@ -110,93 +151,138 @@ def dims(config, case: dict) -> dict[str, int]:
     tp = case_int(case, "tp", 1, minimum=1)
     if config.num_heads % tp:
         raise ValueError(f"case['tp']: num_heads {config.num_heads} is not divisible by {tp}")
-    keys = case_int(case, "keys", default_keys(config), minimum=1)
-    tile = key_tile(keys)
-    if keys % tile or tile % 8:
-        raise ValueError(f"case['keys']: {keys} must be a multiple of {tile} and of 8")
+    d, cc = config.head_dim, config.cache
+    for name, grp in (("window_group", cc.window_group), ("compressed_group", cc.compressed_group)):
+        if d % grp:
+            raise ValueError(f"config.head_dim: {d} is not a multiple of {name} {grp}")
+    g, cg = d // cc.window_group, d // cc.compressed_group
+    wk, ck = default_keys(config)
+    keys = case_int(case, "keys", wk, minimum=1)
+    ckeys = case_int(case, "ckeys", ck, minimum=1)
+    _check_part("keys", keys, g)
+    _check_part("ckeys", ckeys, cg)
     blocks = case_int(case, "blocks", default_blocks(config, tokens), minimum=1)
-    d, g = config.head_dim, config.cache.window_group
-    if d % g:
-        raise ValueError(f"config.head_dim: {d} is not a multiple of window_group {g}")
-    if tile * (d // g) % 32:
-        raise ValueError(f"case['keys']: key tile {tile} x {d // g} scale bytes is not a "
-                         f"multiple of 32 bytes")
-    return {"tokens": tokens, "heads": config.num_heads // tp, "head_dim": d, "groups": d // g,
-            "keys": keys, "blocks": blocks, "block_size": config.cache.block_size}
+    cblocks = case_int(case, "cblocks", default_cblocks(config, ckeys), minimum=1)
+    for field, n, per in (("blocks", blocks, g), ("cblocks", cblocks, cg)):
+        if n * cc.block_size * per > INT32_MAX:
+            raise ValueError(f"case[{field!r}]: {n} blocks x {cc.block_size} rows x {per} scale "
+                             f"slots exceeds the INT32 slot range {INT32_MAX}")
+    return {"tokens": tokens, "heads": config.num_heads // tp, "head_dim": d, "half": d // 2,
+            "groups": g, "cgroups": cg, "keys": keys, "ckeys": ckeys, "blocks": blocks,
+            "cblocks": cblocks, "block_size": cc.block_size}
 
 
 def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
-def _decode_rows(pypto, codes, scale_codes, tile, d, group):
-    """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
-    ``[tile * d / group]`` (flat, row-major; arithmetic decode, module-level: runs at trace
-    time)."""
-    v = pypto.cast(codes, pypto.DT_FP32)
-    v = pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))  # 0..255
-    sign = pypto.floor(pypto.mul(v, 1.0 / 128.0))
-    rest = pypto.sub(v, pypto.mul(sign, 128.0))
-    expo = pypto.floor(pypto.mul(rest, 1.0 / 8.0))
-    mant = pypto.sub(rest, pypto.mul(expo, 8.0))
-    # (1 - 2s) * (min(e, 1) + m/8)
-    frac = pypto.mul(pypto.add(pypto.minimum(expo, 1.0), pypto.mul(mant, 0.125)),
-                     pypto.add(pypto.mul(sign, -2.0), 1.0))
-    n = tile * d // group
-    c = pypto.cast(scale_codes, pypto.DT_FP32)  # [n]
-    c = pypto.sub(c, pypto.mul(pypto.floor(pypto.mul(c, 1.0 / 256.0)), 256.0))
-    # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group] with c broadcast per group
-    e_g = pypto.reshape(pypto.maximum(expo, 1.0), [n, group])
-    c_g = pypto.reshape(c, [n, 1])
-    pw = pypto.exp(pypto.mul(pypto.add(e_g, pypto.sub(c_g, 134.0)), LN2))
-    val = pypto.mul(pypto.reshape(frac, [n, group]), pw)
-    return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
+def _scale_slots(pypto, tile, groups, fp32_rows=False):
+    """``(rep_idx, lane)`` INT32 ``[tile * groups]``: the key and the group of each flat scale
+    slot of a key tile (small numbers: exact through FP32; ``lane`` stays FP32 for the
+    ``fp32_row_index`` variant)."""
+    pypto.set_vec_tile_shapes(tile * groups)
+    iota = pypto.arange(0.0, float(tile * groups), 1.0)
+    key_of = pypto.floor(pypto.mul(iota, 1.0 / groups))
+    lane = pypto.sub(iota, pypto.mul(key_of, float(groups)))
+    if fp32_rows:
+        return pypto.cast(key_of, pypto.DT_INT32), lane
+    return pypto.cast(key_of, pypto.DT_INT32), pypto.cast(lane, pypto.DT_INT32)
+
+
+def _gather_tile(pypto, ids, tile, payload, scales, slots, groups, row_shape, fp32_rows):
+    """``(payload rows, flat scale bytes, FP32 mask bias [1, tile])`` of one key tile of INT32
+    row ids ``ids [1, tile]`` (-1 padded)."""
+    rep_idx, lane = slots
+    pypto.set_vec_tile_shapes(1, tile)
+    safe = pypto.reshape(pypto.maximum(ids, 0), [tile])
+    bias = pypto.mul(pypto.sub(pypto.clip(pypto.add(pypto.cast(ids, pypto.DT_FP32), 1.0),
+                                          0.0, 1.0), 1.0), MASK_BIAS)
+    pypto.set_vec_tile_shapes(*row_shape)
+    rows = pypto.index_select(payload, 0, safe)
+    # scale rows are a few bytes: gather single bytes of the flat table at row*groups+lane
+    pypto.set_vec_tile_shapes(tile * groups)
+    if fp32_rows:
+        srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, rep_idx)
+        slot = pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
+    else:
+        srep = pypto.index_select(safe, 0, rep_idx)
+        slot = pypto.add(pypto.mul(srep, groups), lane)
+    return rows, pypto.index_select(scales, 0, slot), bias
+
+
+def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
+    """One online-softmax step of BF16 keys ``kb [tile, d]`` (V = K) into ``state`` =
+    ``(m, l, acc)``, written in place after every new value is computed."""
+    m_run, l_run, acc = state
+    s = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
+    pypto.set_vec_tile_shapes(h, tile)
+    s = pypto.mul(s, scale)
+    if mask:
+        s = pypto.add(s, pypto.expand_clone(bias, [h, tile]))
+    m_new = pypto.maximum(m_run, pypto.amax(s, -1, keepdim=True))
+    alpha = pypto.exp(pypto.sub(m_run, m_new))
+    p = pypto.exp(pypto.sub(s, m_new))
+    l_new = pypto.add(pypto.mul(l_run, alpha), pypto.sum(p, -1, keepdim=True))
+    pv = pypto.matmul(pypto.cast(p, pypto.DT_BF16), kb, pypto.DT_FP32)  # [h, d]
+    pypto.set_vec_tile_shapes(h, d)
+    acc_new = pypto.add(pypto.mul(acc, alpha), pv)
+    m_run[:] = m_new
+    l_run[:] = l_new
+    acc[:] = acc_new
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
-    """The jit kernel ``sparse_attention(q, window_kv, window_kv_scale, indices, attn_sink,
-    out)`` for ``config`` and ``case`` (heads, keys and blocks fixed; tokens dynamic)."""
+    """The jit kernel ``sparse_attention(q, window_kv, window_kv_scale, indices,
+    compressed_kv, compressed_kv_scale, compressed_indices, attn_sink, out)`` for ``config``
+    and ``case`` (heads, keys, ckeys, blocks and cblocks fixed; tokens dynamic)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
 
     dm = dims(config, case or {"tokens": 1})
-    h, d, g, keys = dm["heads"], dm["head_dim"], dm["groups"], dm["keys"]
-    blocks, bs = dm["blocks"], dm["block_size"]
-    rows = blocks * bs
-    group = config.cache.window_group
-    tile = key_tile(keys)
-    n_tiles = keys // tile
+    h, d, half, g, cg = dm["heads"], dm["head_dim"], dm["half"], dm["groups"], dm["cgroups"]
+    keys, ckeys, bs = dm["keys"], dm["ckeys"], dm["block_size"]
+    rows, crows = dm["blocks"] * bs, dm["cblocks"] * bs
+    wgroup, cgroup = config.cache.window_group, config.cache.compressed_group
+    tile, ctile = key_tile(keys), key_tile(ckeys)
     scale = float(d) ** -1.0 if variant == "wrong_scale" else float(d) ** -0.5
     use_sink = variant != "no_sink"
     sink_num = variant == "sink_numerator"
     mask = variant != "unmasked"
+    use_compressed = variant != "no_compressed"
+    fp32_rows = variant == "fp32_row_index"
+    scale_e8m0 = variant == "compressed_e8m0"
+    high_first = variant == "nibble_swap"
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
     @pypto.frontend.jit(runtime_options=options)
     def sparse_attention(
         q: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
-        window_kv: pypto.Tensor([blocks, bs, 1, d], pypto.DT_UINT8),
-        window_kv_scale: pypto.Tensor([blocks, bs, 1, g], pypto.DT_UINT8),
+        window_kv: pypto.Tensor([dm["blocks"], bs, 1, d], pypto.DT_UINT8),
+        window_kv_scale: pypto.Tensor([dm["blocks"], bs, 1, g], pypto.DT_UINT8),
         indices: pypto.Tensor([tokens_dim, keys], pypto.DT_INT32),
+        compressed_kv: pypto.Tensor([dm["cblocks"], bs, 1, half], pypto.DT_UINT8),
+        compressed_kv_scale: pypto.Tensor([dm["cblocks"], bs, 1, cg], pypto.DT_UINT8),
+        compressed_indices: pypto.Tensor([tokens_dim, ckeys], pypto.DT_INT32),
         attn_sink: pypto.Tensor([h], pypto.DT_FP32),
         out: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
     ):
         tokens = q.shape[0]
         payload = pypto.reshape(window_kv, [rows, d])
         scales = pypto.reshape(window_kv_scale, [rows * g])
-        pypto.set_vec_tile_shapes(tile * g)
-        iota = pypto.arange(0.0, float(tile * g), 1.0)  # flat scale slot of a key tile
-        key_of = pypto.floor(pypto.mul(iota, 1.0 / g))
-        rep_idx = pypto.cast(key_of, pypto.DT_INT32)  # its key
-        lane = pypto.sub(iota, pypto.mul(key_of, float(g)))  # its group in the row
+        cpayload = pypto.reshape(compressed_kv, [crows, half])
+        cscales = pypto.reshape(compressed_kv_scale, [crows * cg])
+        slots = _scale_slots(pypto, tile, g, fp32_rows)
+        cslots = _scale_slots(pypto, ctile, cg, fp32_rows)
+        cconsts = mx_decode.compressed_constants(pypto, ctile, d, high_first=high_first)
         pypto.set_vec_tile_shapes(h, 8)
         sink = pypto.reshape(attn_sink, [h, 1])
         m_run = pypto.tensor([h, 1], pypto.DT_FP32, "m_run")
         l_run = pypto.tensor([h, 1], pypto.DT_FP32, "l_run")
         acc = pypto.tensor([h, d], pypto.DT_FP32, "acc")
+        state = (m_run, l_run, acc)
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
         for t in pypto.loop(tokens, name="SA_TOKENS", idx_name="t"):
             pypto.set_vec_tile_shapes(h, d)
@@ -212,39 +298,22 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 acc[:] = pypto.add(pypto.mul(pypto.cast(qt, pypto.DT_FP32), 0.0), 1.0)
             else:
                 acc[:] = pypto.mul(pypto.cast(qt, pypto.DT_FP32), 0.0)
-            for j in pypto.loop(n_tiles, name="SA_KEY_TILES", idx_name="j"):
-                pypto.set_vec_tile_shapes(1, tile)
-                idx = pypto.view(indices, [1, tile], [t, j * tile])
-                safe = pypto.reshape(pypto.maximum(idx, 0), [tile])
-                idxf = pypto.cast(idx, pypto.DT_FP32)
-                bias = pypto.mul(pypto.sub(pypto.clip(pypto.add(idxf, 1.0), 0.0, 1.0), 1.0),
-                                 MASK_BIAS)
+            for j in pypto.loop(keys // tile, name="SA_WINDOW_TILES", idx_name="j"):
+                ids = pypto.view(indices, [1, tile], [t, j * tile])
+                codes, scodes, bias = _gather_tile(pypto, ids, tile, payload, scales, slots, g,
+                                                   (min(tile, 16), d), fp32_rows)
                 pypto.set_vec_tile_shapes(min(tile, 16), d)
-                codes = pypto.index_select(payload, 0, safe)  # [tile, d] uint8
-                # scale rows are d/32 bytes (2 at head_dim 64): too narrow for a row
-                # gather tile, so gather single bytes of the flat table at safe*g + k
-                pypto.set_vec_tile_shapes(tile * g)
-                srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, rep_idx)
-                eidx = pypto.cast(pypto.add(pypto.mul(srep, float(g)), lane), pypto.DT_INT32)
-                scodes = pypto.index_select(scales, 0, eidx)  # [tile * g] uint8
-                pypto.set_vec_tile_shapes(min(tile, 16), d)
-                kb = _decode_rows(pypto, codes, scodes, tile, d, group)
-                s = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
-                pypto.set_vec_tile_shapes(h, tile)
-                s = pypto.mul(s, scale)
-                if mask:
-                    s = pypto.add(s, pypto.expand_clone(bias, [h, tile]))
-                m_old = m_run
-                m_new = pypto.maximum(m_old, pypto.amax(s, -1, keepdim=True))
-                alpha = pypto.exp(pypto.sub(m_old, m_new))
-                p = pypto.exp(pypto.sub(s, m_new))
-                l_new = pypto.add(pypto.mul(l_run, alpha), pypto.sum(p, -1, keepdim=True))
-                pv = pypto.matmul(pypto.cast(p, pypto.DT_BF16), kb, pypto.DT_FP32)  # [h, d]
-                pypto.set_vec_tile_shapes(h, d)
-                acc_new = pypto.add(pypto.mul(acc, alpha), pv)
-                m_run[:] = m_new
-                l_run[:] = l_new
-                acc[:] = acc_new
+                kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, wgroup)
+                _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask)
+            if use_compressed:
+                for c in pypto.loop(ckeys // ctile, name="SA_COMPRESSED_TILES", idx_name="c"):
+                    ids = pypto.view(compressed_indices, [1, ctile], [t, c * ctile])
+                    packed, scodes, bias = _gather_tile(pypto, ids, ctile, cpayload, cscales,
+                                                        cslots, cg, (min(ctile, 16), half),
+                                                        fp32_rows)
+                    kb = mx_decode.compressed_rows(pypto, packed, scodes, cconsts, ctile, d,
+                                                   cgroup, scale_e8m0=scale_e8m0)
+                    _attend(pypto, qt, kb, bias, state, h, d, ctile, scale, mask)
             pypto.set_vec_tile_shapes(h, d)
             o = pypto.div(acc, l_run)
             pypto.assemble(pypto.reshape(pypto.cast(o, pypto.DT_BF16), [1, h, d]), [t, 0, 0], out)

@@ -1,0 +1,114 @@
+"""Arithmetic decode of the two KV-cache formats inside a pypto kernel (trace-time helpers).
+
+pypto 0.2.0 has no usable FP4 dtype, misdecodes FP8 exponent 15 and reads uint8 as signed
+when casting, so the caches are carried as uint8 codes and decoded with FP32 floor
+arithmetic (exact: every intermediate is a small integer or a dyadic fraction):
+
+* MXFP8 window rows: E4M3 payload codes x E8M0 scale codes (one per ``window_group``).
+* MXFP4 compressed rows: packed E2M1 pairs (element ``2i`` in the LOW nibble of byte ``i``,
+  ``2i+1`` in the high nibble) x E4M3 scale codes (one per ``compressed_group``).
+
+Each decoder returns BF16 rows.  The powers of two are ``exp(x*ln2)`` (the cost model has
+no ``exp2`` pipe); the exact product has at most 6 significant bits, so the BF16 cast
+rounds the ``exp`` error away and the rows equal the golden's FP32 dequantization.
+
+Golden: ``goldens.quant.dequantize_window_kv`` / ``dequantize_compressed_kv``.
+"""
+
+import math
+
+LN2 = math.log(2.0)
+
+
+def _unsigned(pypto, codes):
+    """FP32 0..255 of uint8 ``codes`` (the interpreter casts uint8 as signed)."""
+    v = pypto.cast(codes, pypto.DT_FP32)
+    return pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))
+
+
+def _e4m3_parts(pypto, v):
+    """``(frac, expo)`` of FP32 E4M3 codes 0..255: value = ``frac * 2^(max(expo,1) - 7)``
+    with ``frac = (1-2s) * (min(e,1) + m/8)`` (NaN codes are never published)."""
+    sign = pypto.floor(pypto.mul(v, 1.0 / 128.0))
+    rest = pypto.sub(v, pypto.mul(sign, 128.0))
+    expo = pypto.floor(pypto.mul(rest, 1.0 / 8.0))
+    mant = pypto.sub(rest, pypto.mul(expo, 8.0))
+    frac = pypto.mul(pypto.add(pypto.minimum(expo, 1.0), pypto.mul(mant, 0.125)),
+                     pypto.add(pypto.mul(sign, -2.0), 1.0))
+    return frac, expo
+
+
+def e2m1_values(pypto, c):
+    """FP32 E2M1 values of FP32 nibble codes ``c`` (0..15; bit 3 = sign): the magnitude
+    code ``r`` gives 0, .5, 1, 1.5, 2, 3, 4, 6 = ``r/2 + max(r-4,0)/2 + max(r-6,0)``."""
+    sign = pypto.floor(pypto.mul(c, 0.125))
+    r = pypto.sub(c, pypto.mul(sign, 8.0))
+    mag = pypto.add(pypto.add(pypto.mul(r, 0.5),
+                              pypto.mul(pypto.maximum(pypto.sub(r, 4.0), 0.0), 0.5)),
+                    pypto.maximum(pypto.sub(r, 6.0), 0.0))
+    return pypto.mul(mag, pypto.add(pypto.mul(sign, -2.0), 1.0))
+
+
+def window_rows(pypto, codes, scale_codes, tile, d, group):
+    """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
+    ``[tile * d / group]`` (flat, row-major)."""
+    frac, expo = _e4m3_parts(pypto, _unsigned(pypto, codes))
+    n = tile * d // group
+    c = _unsigned(pypto, scale_codes)  # [n]
+    # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group], c broadcast per group
+    e_g = pypto.reshape(pypto.maximum(expo, 1.0), [n, group])
+    c_g = pypto.reshape(c, [n, 1])
+    pw = pypto.exp(pypto.mul(pypto.add(e_g, pypto.sub(c_g, 134.0)), LN2))
+    val = pypto.mul(pypto.reshape(frac, [n, group]), pw)
+    return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
+
+
+def compressed_constants(pypto, tile, d, *, high_first=False):
+    """Loop-invariant tensors of :func:`compressed_rows` (build them once, before the token
+    loop): the byte of each element ``k // 2`` INT32 ``[d]``, the nibble divisor ``1`` (even
+    ``k``: low nibble) or ``1/16`` (odd ``k``: high nibble) FP32 ``[tile, d]``, and the
+    16-entry E2M1 value table FP32 ``[16]``.  ``high_first`` swaps the nibbles (a
+    deliberately wrong reading for the harness's wrong-kernel tests)."""
+    pypto.set_vec_tile_shapes(d)
+    col = pypto.arange(0.0, float(d), 1.0)
+    byte_of = pypto.floor(pypto.mul(col, 0.5))
+    odd = pypto.sub(col, pypto.mul(byte_of, 2.0))  # 0 / 1
+    if high_first:
+        odd = pypto.add(pypto.mul(odd, -1.0), 1.0)
+    inv_div = pypto.reshape(pypto.add(pypto.mul(odd, 1.0 / 16.0 - 1.0), 1.0), [1, d])
+    pypto.set_vec_tile_shapes(min(tile, 16), d)
+    inv_div = pypto.expand_clone(inv_div, [tile, d])
+    pypto.set_vec_tile_shapes(16)
+    table = e2m1_values(pypto, pypto.arange(0.0, 16.0, 1.0))
+    return pypto.cast(byte_of, pypto.DT_INT32), inv_div, table
+
+
+def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale_e8m0=False):
+    """BF16 ``[tile, d]`` rows from packed uint8 E2M1 pairs ``[tile, d/2]`` and uint8 E4M3
+    scale codes ``[tile * d / group]`` (flat, row-major); ``consts`` from
+    :func:`compressed_constants`.  ``scale_e8m0`` is a deliberately wrong reading (scales
+    as E8M0) for the harness's wrong-kernel tests."""
+    byte_of, inv_div, table = consts
+    n, rt = tile * d // group, min(tile, 16)
+    # element k reads byte k // 2 (a column gather: a concat along a 1-wide last dim is not
+    # an aligned tile) and its nibble floor(b / 16^(k odd)) mod 16; the signed byte the
+    # interpreter reads gives the same nibbles under floor-mod
+    pypto.set_vec_tile_shapes(rt, d)
+    b = pypto.cast(pypto.index_select(packed, 1, byte_of), pypto.DT_FP32)  # [tile, d]
+    x = pypto.floor(pypto.mul(b, inv_div))
+    code = pypto.sub(x, pypto.mul(pypto.floor(pypto.mul(x, 1.0 / 16.0)), 16.0))
+    code = pypto.cast(code, pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(rt * d)
+    flat = pypto.reshape(code, [tile * d])
+    elem = pypto.index_select(table, 0, flat)
+    pypto.set_vec_tile_shapes(rt, d)
+    elem = pypto.reshape(elem, [n, group])
+    c = _unsigned(pypto, scale_codes)  # [n]
+    if scale_e8m0:
+        scale = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
+    else:
+        frac, expo = _e4m3_parts(pypto, c)
+        scale = pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0),
+                                                    LN2)))
+    val = pypto.mul(elem, pypto.reshape(scale, [n, 1]))
+    return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)

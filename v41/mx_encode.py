@@ -1,0 +1,130 @@
+"""Trace-time MX encoders shared by the v41 kernels that publish or consume quantized
+values: the E8M0 group scale and E4M3 codes of the golden's MXFP8 rule, computed with FP32
+floor / min / max arithmetic (pypto 0.2.0's FP32->E4M3 cast disagrees with
+round-to-nearest-even on this interpreter and it misdecodes exponent 15).  The rule
+(``goldens.quant.quantize_window_kv``):
+
+* E8M0 exponent ``e = clamp(ceil(log2(amax / 448)), -127, 127)``, exact: an estimate from
+  ``log`` corrected by the exact test ``224 < amax * 2^-e <= 448``; ``amax = 0`` gives
+  -127.  Scale code ``e + 127``.
+* powers of two ``2^k`` are ``exp(k ln2)`` cast to BF16 and back (exact; the cost model
+  has no pipe for ``exp2``);
+* ``v = x * 2^-e`` (``|v| <= 448``), ``a = |v|``; the E4M3 binade ``k = max(floor(log2
+  a), -6)`` (a ``log`` estimate with an exact correction), ``y = a * 2^(3-k)`` in [0, 16)
+  rounded to an integer with ties to even by floor arithmetic, magnitude code
+  ``min(8 (k + 6) + round(y), 126)`` (saturation at 448; a rounding carry to 16 moves to
+  the next binade by the same formula; subnormals are ``k = -6``);
+* the sign bit from ``1 / v < 0``, so -0.0 and small negatives that round to zero give
+  0x80 like the torch cast.
+
+Every function takes the ``pypto`` module first and runs at trace time (module-level
+helpers may return tensors; a ``def`` nested in a jit body may not).  Decoders are in
+:mod:`v41.mx_decode`.
+"""
+
+import math
+
+E4M3_MAX = 448.0
+E4M3_MAX_CODE = 126  # 0x7E = 448; 0x7F is NaN
+E8M0_BIAS = 127
+LN2 = math.log(2.0)
+INV_LN2 = 1.0 / LN2
+LOG2_E4M3_MAX = math.log2(E4M3_MAX)
+
+
+def _pow2(pypto, k):
+    """Exact FP32 ``2^k`` of an FP32 integer tensor ``k`` in [-127, 127] (module-level:
+    runs at trace time)."""
+    p = pypto.exp(pypto.mul(k, LN2))
+    return pypto.cast(pypto.cast(p, pypto.DT_BF16), pypto.DT_FP32)
+
+
+def _rsub(pypto, c, x):
+    """``c - x`` for a Python float ``c`` (``pypto.sub`` takes the tensor first)."""
+    return pypto.add(pypto.mul(x, -1.0), c)
+
+
+def _step(pypto, x, ulp_inv):
+    """``1.0`` where ``x > 0`` else ``0.0``, for ``x`` that is 0 or at least ``1/ulp_inv``
+    in magnitude (exact)."""
+    return pypto.clip(pypto.floor(pypto.mul(x, ulp_inv)), 0.0, 1.0)
+
+
+def _scale_exponent(pypto, amax):
+    """FP32 ``clamp(ceil(log2(amax / 448)), -127, 127)`` of FP32 ``amax >= 0`` (exact)."""
+    est = pypto.ceil(pypto.sub(pypto.mul(pypto.log(amax), INV_LN2), LOG2_E4M3_MAX))
+    est = pypto.minimum(pypto.maximum(est, -127.0), 127.0)  # log(0) = -inf -> -127
+    t = pypto.mul(amax, _pow2(pypto, pypto.mul(est, -1.0)))  # exact
+    # t > 448 -> one up; t <= 224 -> one down (FP32 ulps at 448 / 224 are 2^-15 / 2^-16)
+    up = _step(pypto, pypto.sub(t, E4M3_MAX), 32768.0)
+    down = _rsub(pypto, 1.0, _step(pypto, pypto.sub(t, E4M3_MAX / 2), 65536.0))
+    e = pypto.add(est, pypto.sub(up, down))
+    return pypto.minimum(pypto.maximum(e, -127.0), 127.0)
+
+
+def _e4m3_codes(pypto, v, truncate):
+    """FP32 E4M3 codes (0..255) of FP32 ``v`` with ``|v| <= 448`` expected: round to
+    nearest even (or truncation for the wrong variant), saturation at 448."""
+    a = pypto.abs(v)
+    neg = _step(pypto, pypto.mul(pypto.reciprocal(v), -1.0), E4M3_MAX)  # 1/v < 0, -0.0 too
+    a_eff = pypto.maximum(a, 2.0 ** -6)  # the subnormal binade shares k = -6
+    k0 = pypto.floor(pypto.mul(pypto.log(a_eff), INV_LN2))
+    r = pypto.mul(a_eff, _pow2(pypto, pypto.mul(k0, -1.0)))  # [0.5, 4) when k0 is +-1 off
+    k = pypto.add(k0, pypto.sub(pypto.minimum(pypto.floor(pypto.mul(r, 0.5)), 1.0),
+                                _rsub(pypto, 1.0, pypto.minimum(pypto.floor(r), 1.0))))
+    y = pypto.mul(a, _pow2(pypto, _rsub(pypto, 3.0, k)))  # exact, [0, 16)
+    f = pypto.floor(y)
+    if truncate:
+        rounded = f
+    else:
+        frac = pypto.sub(y, f)
+        ge_half = pypto.floor(pypto.mul(frac, 2.0))
+        below = pypto.floor(_rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
+        gt_half = _rsub(pypto, 1.0, pypto.minimum(below, 1.0))
+        odd = pypto.sub(f, pypto.mul(pypto.floor(pypto.mul(f, 0.5)), 2.0))
+        rounded = pypto.add(pypto.add(f, gt_half), pypto.mul(pypto.sub(ge_half, gt_half), odd))
+    mag = pypto.minimum(pypto.add(pypto.mul(pypto.add(k, 6.0), 8.0), rounded),
+                        float(E4M3_MAX_CODE))
+    return pypto.add(mag, pypto.mul(neg, 128.0))
+
+
+ACTIVATION_AMAX_FLOOR = 1e-4  # goldens.quant.quantize_mxfp8_activation: amax >= 1e-4
+
+
+def activation_group_codes(pypto, xg, n, group):
+    """``(codes, e)`` of FP32 groups ``xg [n, group]`` under the ACTIVATION rule
+    (``goldens.quant.quantize_mxfp8_activation``): as :func:`quantize_tile` but with the
+    group ``amax`` floored at 1e-4 (FP32) before the scale exponent.  ``codes`` FP32 E4M3
+    codes 0..255 ``[n, group]`` (round to nearest even), ``e`` FP32 ``[n, 1]`` (scale
+    ``2^e``).  Leaves the vector tile shapes at ``(min(n, 64), group)``."""
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
+    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    e = _scale_exponent(pypto, pypto.maximum(amax, ACTIVATION_AMAX_FLOOR))
+    inv_scale = _pow2(pypto, pypto.mul(e, -1.0))
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    return _e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
+
+
+def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
+    """``(codes uint8 [rows, d], scale codes uint8 [rows, d / group])`` of a BF16 tile whose
+    first ``valid`` rows are real (module-level: runs at trace time)."""
+    n = rows * d // group
+    gpr = d // group  # groups per row
+    pypto.set_vec_tile_shapes(min(rows, 8), d)
+    xf = pypto.cast(x, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
+    amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
+    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    e = _scale_exponent(pypto, amax)
+    inv_scale = _pow2(pypto, pypto.mul(e, -1.0))
+    scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    v = pypto.mul(xg, inv_scale)  # exact: x / 2^e
+    codes = _e4m3_codes(pypto, v, truncate)
+    pypto.set_vec_tile_shapes(min(rows, 8), d)
+    codes = pypto.cast(pypto.reshape(codes, [rows, d], valid_shape=[valid, d]), pypto.DT_UINT8)
+    pypto.set_vec_tile_shapes(min(rows, 8), gpr)
+    scodes = pypto.cast(pypto.reshape(scode, [rows, gpr], valid_shape=[valid, gpr]), pypto.DT_UINT8)
+    return codes, scodes
