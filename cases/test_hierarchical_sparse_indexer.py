@@ -1,0 +1,11 @@
+# ci: a5
+"""hierarchical_sparse_indexer kernel vs golden on the selected platform."""
+
+import pytest
+
+from harness.pytest_cases import ARGNAMES, check_case, entry_params
+
+
+@pytest.mark.parametrize(ARGNAMES, entry_params("hierarchical_sparse_indexer"))
+def test_hierarchical_sparse_indexer(case, tp, dp, ep, wiring, preset, run_options):
+    check_case(case, run_options)
