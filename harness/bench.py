@@ -99,7 +99,9 @@ def bench_cases(names: list[str], preset: str | None, tokens: list[int] | None) 
         if preset:
             pool = [c for c in pool if c.preset == preset] or [replace(pool[0], preset=preset)]
         if tokens:
-            pool = [replace(pool[0], tokens=t, active_tokens=None) for t in tokens]
+            # the first case's other axes, with requests refitted to the new token count
+            pool = [replace(pool[0], tokens=t, active_tokens=None,
+                            requests=min(pool[0].requests, t)) for t in tokens]
         seen = set()
         for c in pool:
             key = (c.preset, c.tokens, c.tp, c.dp, c.ep, c.wiring)
