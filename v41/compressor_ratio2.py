@@ -1,0 +1,263 @@
+"""Ratio-2 compressor (C2A Full) with the FP32 state ring, and its publication (golden:
+``goldens.compressor.compress_and_publish`` with ``ratio=2``; contract "Compressor state
+ownership").
+
+Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
+``[query_start_loc[r], query_start_loc[r+1])``), in three phases:
+
+1. reads, for EVERY request before any state write: the ring row ``(p0 - 1) % capacity``
+   of the chunk's first position ``p0`` is copied to workspace row ``s + r``, and the
+   chunk's FP32 projections ``[x @ wkv | x @ wgate]`` (cube matmul, FP32 accumulation) to
+   rows ``t + r + 1`` -- so the predecessor of token ``t`` is always workspace row ``t + r``
+   (the ring row for the chunk's first token, the preceding projection otherwise);
+2. pooling of each token with its predecessor (per-channel softmax over the pair, FP32),
+   BF16 round, RMSNorm -> latent, and publication at compressed position ``p - 1`` through
+   :func:`v41.compressor_common.encode_tile` at every token whose slot is ``>= 0`` (the
+   host guarantees that only odd positions carry slots);
+3. ring writes: only the last ``min(chunk, capacity)`` rows of the chunk, row ``p %
+   capacity`` of the request's block, so each ring row has one writer.
+
+A disabled request (block -1) or an empty one reads and writes nothing (its loops run zero
+times; the ring read sits under a runtime ``if``).  Tokens ``t >= query_start_loc[-1] =
+num_tokens`` belong to no request and are never touched; ``num_tokens = 0`` touches
+nothing.  Host checks before launch (``harness.entries.compressor_ratio2``): the golden's
+argument checks (blocks in ``[-1, num_state_blocks)``, distinct live blocks, consecutive
+positions, slots only on closing tokens of enabled requests, ranges, duplicates) plus this
+kernel's restriction that positions inside an enabled request's chunk are nonnegative (the
+contract's metadata; the golden also accepts inert rows there).
+
+ABI
+---
+===================  ======================================  ========  =====
+name                 shape                                   dtype     role
+===================  ======================================  ========  =====
+x                    (tokens, hidden)                        bfloat16  in
+wkv                  (hidden, head_dim)                      float32   in
+wgate                (hidden, head_dim)                      float32   in
+norm                 (head_dim,)                             float32   in
+index_wk             (head_dim, index_dim)                   bfloat16  in
+index_norm           (index_dim,)                            float32   in
+freqs_cos            (capacity, half)                        float32   in
+freqs_sin            (capacity, half)                        float32   in
+query_start_loc      (requests + 1,)                         int32     in
+position_ids         (tokens,)                               int32     in
+compressed_slots     (tokens,)                               int32     in
+state_block_table    (requests, 1)                           int32     in
+compressed_kv        (blocks, block_size, 1, head_dim/2)     uint8     inout
+compressed_kv_scale  (blocks, block_size, 1, kv_groups)      uint8     inout  (E4M3)
+index_key            (blocks, block_size, 1, index_dim/2)    uint8     inout
+index_key_scale      (blocks, block_size, 1, ik_groups)      uint8     inout  (E8M0)
+state_cache          (state_blocks, state_capacity, 2*head_dim) float32 inout
+workspace            (tokens + requests, 2*head_dim)         float32   out    (scratch)
+===================  ======================================  ========  =====
+
+``tokens`` is dynamic; ``capacity``, ``blocks``, ``state_blocks`` and ``requests`` come
+from the case.  ``workspace`` holds the phase-1 rows (its content is not a result).
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41.abi import Arg, case_int, jit_options, resolve
+from v41.compressor_common import encode_tile, rms_norm_rows
+from v41.compressor_ratio1 import dims as _publication_dims
+
+ROW_TILE = 8  # tokens per loop iteration
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "first_rows_to_ring": "writes the FIRST min(chunk, capacity) rows of each chunk to "
+                          "the ring instead of the last (a chunk longer than the ring leaves "
+                          "older rows in its slots; writing every row in order would end the "
+                          "same on this sequential interpreter, so it could not fail here)",
+    "read_after_write": "writes each chunk's ring rows before reading its predecessor (a "
+                        "chunk of ring length or more overwrites the row it needs)",
+    "index_from_rotated": "derives the index key from the ROTATED latent",
+    "fp4_toward_zero": "rounds E2M1 codes toward zero instead of to nearest even",
+}
+
+ABI = (
+    Arg("x", ("tokens", "hidden"), "bfloat16", "in"),
+    Arg("wkv", ("hidden", "head_dim"), "float32", "in"),
+    Arg("wgate", ("hidden", "head_dim"), "float32", "in"),
+    Arg("norm", ("head_dim",), "float32", "in"),
+    Arg("index_wk", ("head_dim", "index_dim"), "bfloat16", "in"),
+    Arg("index_norm", ("index_dim",), "float32", "in"),
+    Arg("freqs_cos", ("capacity", "half"), "float32", "in"),
+    Arg("freqs_sin", ("capacity", "half"), "float32", "in"),
+    Arg("query_start_loc", ("requests_1",), "int32", "in"),
+    Arg("position_ids", ("tokens",), "int32", "in"),
+    Arg("compressed_slots", ("tokens",), "int32", "in"),
+    Arg("state_block_table", ("requests", 1), "int32", "in"),
+    Arg("compressed_kv", ("blocks", "block_size", 1, "kv_bytes"), "uint8", "inout"),
+    Arg("compressed_kv_scale", ("blocks", "block_size", 1, "kv_groups"), "uint8", "inout"),
+    Arg("index_key", ("blocks", "block_size", 1, "ik_bytes"), "uint8", "inout"),
+    Arg("index_key_scale", ("blocks", "block_size", 1, "ik_groups"), "uint8", "inout"),
+    Arg("state_cache", ("state_blocks", "state_capacity", "state_width"), "float32", "inout"),
+    Arg("workspace", ("ws_rows", "state_width"), "float32", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    """Named dimensions of one launch; raises ValueError naming the bad field."""
+    case = case or {}
+    dm = _publication_dims(config, case)
+    requests = case_int(case, "requests", minimum=1)
+    dm.update({"requests": requests, "requests_1": requests + 1,
+               "state_blocks": case_int(case, "state_blocks", minimum=1),
+               "state_capacity": config.cache.state_capacity,
+               "state_width": config.state_width, "ws_rows": dm["tokens"] + requests})
+    return dm
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``compressor_ratio2(...)`` in :data:`ABI` order (capacity, blocks,
+    state blocks and requests fixed; tokens dynamic)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    dm = dims(config, case or {})
+    hidden, d, di, half = dm["hidden"], dm["head_dim"], dm["index_dim"], dm["half"]
+    cap, blocks, bs = dm["capacity"], dm["blocks"], dm["block_size"]
+    kvb, kvg, ikb, ikg = dm["kv_bytes"], dm["kv_groups"], dm["ik_bytes"], dm["ik_groups"]
+    nreq, nsb, ring, sw = dm["requests"], dm["state_blocks"], dm["state_capacity"], dm["state_width"]
+    eps = float(config.rms_norm_eps)
+    rows = ROW_TILE
+    switches = frozenset({variant})
+    first_rows = variant == "first_rows_to_ring"
+    late_read = variant == "read_after_write"
+    early_read = not late_read
+    options = jit_options(runtime_options)
+    tokens_dim = pypto.frontend.dynamic("tokens")
+    ws_dim = pypto.frontend.dynamic("ws_rows")
+
+    @pypto.frontend.jit(runtime_options=options)
+    def compressor_ratio2(
+        x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        wkv: pypto.Tensor([hidden, d], pypto.DT_FP32),
+        wgate: pypto.Tensor([hidden, d], pypto.DT_FP32),
+        norm: pypto.Tensor([d], pypto.DT_FP32),
+        index_wk: pypto.Tensor([d, di], pypto.DT_BF16),
+        index_norm: pypto.Tensor([di], pypto.DT_FP32),
+        freqs_cos: pypto.Tensor([cap, half], pypto.DT_FP32),
+        freqs_sin: pypto.Tensor([cap, half], pypto.DT_FP32),
+        query_start_loc: pypto.Tensor([nreq + 1], pypto.DT_INT32),
+        position_ids: pypto.Tensor([tokens_dim], pypto.DT_INT32),
+        compressed_slots: pypto.Tensor([tokens_dim], pypto.DT_INT32),
+        state_block_table: pypto.Tensor([nreq, 1], pypto.DT_INT32),
+        compressed_kv: pypto.Tensor([blocks, bs, 1, kvb], pypto.DT_UINT8),
+        compressed_kv_scale: pypto.Tensor([blocks, bs, 1, kvg], pypto.DT_UINT8),
+        index_key: pypto.Tensor([blocks, bs, 1, ikb], pypto.DT_UINT8),
+        index_key_scale: pypto.Tensor([blocks, bs, 1, ikg], pypto.DT_UINT8),
+        state_cache: pypto.Tensor([nsb, ring, sw], pypto.DT_FP32),
+        workspace: pypto.Tensor([ws_dim, sw], pypto.DT_FP32),
+    ):
+        pypto.set_vec_tile_shapes(1, d)
+        norm32 = pypto.reshape(norm, [1, d])
+        pypto.set_vec_tile_shapes(1, di)
+        index_norm32 = pypto.reshape(index_norm, [1, di])
+        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [128, 128])
+        # phase 1: every historical read and projection, before any state write
+        for r in pypto.loop(nreq, name="C2_READ", idx_name="r"):
+            s = query_start_loc[r]
+            e = query_start_loc[r + 1]
+            blk = state_block_table[r, 0]
+            n_r = (e - s) * (blk + 1).min(1)  # 0 for block -1 (validated >= -1)
+            if early_read:
+                if n_r > 0:
+                    p0 = position_ids[s]
+                    pypto.set_vec_tile_shapes(1, 1, sw)
+                    prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
+                    pypto.set_vec_tile_shapes(1, sw)
+                    pypto.assemble(pypto.reshape(prev, [1, sw]), [s + r, 0], workspace)
+            for i in pypto.loop((n_r + rows - 1) // rows, name="C2_PROJ", idx_name="i"):
+                start = s + i * rows
+                valid = (e - start).min(rows)
+                pypto.set_vec_tile_shapes(rows, min(hidden, 512))
+                xt = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
+                                           valid_shape=[valid, hidden]), pypto.DT_FP32)
+                kv = pypto.matmul(xt, wkv, pypto.DT_FP32)
+                sc = pypto.matmul(xt, wgate, pypto.DT_FP32)
+                pypto.set_vec_tile_shapes(rows, d)
+                pypto.assemble(kv, [start + r + 1, 0], workspace)
+                pypto.assemble(sc, [start + r + 1, d], workspace)
+            if late_read:  # wrong: this chunk's ring writes first, then its predecessor read
+                for j in pypto.loop((e - s - (e - s - ring).max(0)) * (blk + 1).min(1),
+                                    name="C2_EARLY_RING", idx_name="j"):
+                    t = s + (e - s - ring).max(0) + j
+                    p = position_ids[t]
+                    pypto.set_vec_tile_shapes(1, sw)
+                    row = pypto.view(workspace, [1, sw], [t + r + 1, 0])
+                    pypto.set_vec_tile_shapes(1, 1, sw)
+                    pypto.assemble(pypto.reshape(row, [1, 1, sw]), [blk, p % ring, 0], state_cache)
+                if n_r > 0:
+                    p0 = position_ids[s]
+                    pypto.set_vec_tile_shapes(1, 1, sw)
+                    prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
+                    pypto.set_vec_tile_shapes(1, sw)
+                    pypto.assemble(pypto.reshape(prev, [1, sw]), [s + r, 0], workspace)
+        # phases 2 and 3 per request: pooling and publication, then the ring writes
+        for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
+            s = query_start_loc[r]
+            e = query_start_loc[r + 1]
+            blk = state_block_table[r, 0]
+            en = (blk + 1).min(1)
+            n_r = (e - s) * en
+            for i in pypto.loop((n_r + rows - 1) // rows, name="C2_TILES", idx_name="i"):
+                start = s + i * rows
+                valid = (e - start).min(rows)
+                pypto.set_vec_tile_shapes(rows, d)
+                kv_c = pypto.view(workspace, [rows, d], [start + r + 1, 0], valid_shape=[valid, d])
+                sc_c = pypto.view(workspace, [rows, d], [start + r + 1, d], valid_shape=[valid, d])
+                kv_p = pypto.view(workspace, [rows, d], [start + r, 0], valid_shape=[valid, d])
+                sc_p = pypto.view(workspace, [rows, d], [start + r, d], valid_shape=[valid, d])
+                hi = pypto.maximum(sc_p, sc_c)
+                ep = pypto.exp(pypto.sub(sc_p, hi))
+                ec = pypto.exp(pypto.sub(sc_c, hi))
+                total = pypto.add(ep, ec)
+                pooled = pypto.add(pypto.mul(pypto.div(ep, total), kv_p),
+                                   pypto.mul(pypto.div(ec, total), kv_c))
+                pooled = pypto.cast(pypto.cast(pooled, pypto.DT_BF16), pypto.DT_FP32)
+                latent = rms_norm_rows(pypto, pooled, norm32, rows, valid, d, eps)
+                pypto.set_vec_tile_shapes(rows)
+                cpos = pypto.add(pypto.view(position_ids, [rows], [start], valid_shape=[valid]), -1)
+                kv_q, kv_s, ik_q, ik_s = encode_tile(
+                    pypto, latent, cpos, freqs_cos=freqs_cos, freqs_sin=freqs_sin,
+                    index_wk=index_wk, index_norm32=index_norm32, rows=rows, valid=valid,
+                    dims=dm, eps=eps, variant=switches)
+                pypto.set_vec_tile_shapes(8, d)
+                for rr in pypto.loop(valid, name="C2_ROWS", idx_name="rr"):
+                    slot = compressed_slots[start + rr]
+                    if slot >= 0:
+                        at = [slot // bs, slot % bs, 0, 0]
+                        pypto.assemble(pypto.reshape(pypto.view(kv_q, [1, kvb], [rr, 0]),
+                                                     [1, 1, 1, kvb]), at, compressed_kv)
+                        pypto.assemble(pypto.reshape(pypto.view(kv_s, [1, kvg], [rr, 0]),
+                                                     [1, 1, 1, kvg]), at, compressed_kv_scale)
+                        pypto.assemble(pypto.reshape(pypto.view(ik_q, [1, ikb], [rr, 0]),
+                                                     [1, 1, 1, ikb]), at, index_key)
+                        pypto.assemble(pypto.reshape(pypto.view(ik_s, [1, ikg], [rr, 0]),
+                                                     [1, 1, 1, ikg]), at, index_key_scale)
+            # phase 3: the last min(chunk, ring) rows of the chunk
+            skip = (e - s - ring).max(0)
+            if late_read:
+                en = 0  # already written in phase 1
+            for j in pypto.loop((e - s - skip) * en, name="C2_RING", idx_name="j"):
+                if first_rows:
+                    t = s + j
+                else:
+                    t = s + skip + j
+                p = position_ids[t]
+                pypto.set_vec_tile_shapes(1, sw)
+                row = pypto.view(workspace, [1, sw], [t + r + 1, 0])
+                pypto.set_vec_tile_shapes(1, 1, sw)
+                pypto.assemble(pypto.reshape(row, [1, 1, sw]), [blk, p % ring, 0], state_cache)
+
+    return compressor_ratio2
