@@ -20,13 +20,13 @@ import math
 LN2 = math.log(2.0)
 
 
-def _unsigned(pypto, codes):
+def unsigned_codes(pypto, codes):
     """FP32 0..255 of uint8 ``codes`` (the interpreter casts uint8 as signed)."""
     v = pypto.cast(codes, pypto.DT_FP32)
     return pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))
 
 
-def _e4m3_parts(pypto, v):
+def e4m3_parts(pypto, v):
     """``(frac, expo)`` of FP32 E4M3 codes 0..255: value = ``frac * 2^(max(expo,1) - 7)``
     with ``frac = (1-2s) * (min(e,1) + m/8)`` (NaN codes are never published)."""
     sign = pypto.floor(pypto.mul(v, 1.0 / 128.0))
@@ -52,9 +52,9 @@ def e2m1_values(pypto, c):
 def window_rows(pypto, codes, scale_codes, tile, d, group):
     """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
     ``[tile * d / group]`` (flat, row-major)."""
-    frac, expo = _e4m3_parts(pypto, _unsigned(pypto, codes))
+    frac, expo = e4m3_parts(pypto, unsigned_codes(pypto, codes))
     n = tile * d // group
-    c = _unsigned(pypto, scale_codes)  # [n]
+    c = unsigned_codes(pypto, scale_codes)  # [n]
     # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group], c broadcast per group
     e_g = pypto.reshape(pypto.maximum(expo, 1.0), [n, group])
     c_g = pypto.reshape(c, [n, 1])
@@ -103,11 +103,11 @@ def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale
     elem = pypto.index_select(table, 0, flat)
     pypto.set_vec_tile_shapes(rt, d)
     elem = pypto.reshape(elem, [n, group])
-    c = _unsigned(pypto, scale_codes)  # [n]
+    c = unsigned_codes(pypto, scale_codes)  # [n]
     if scale_e8m0:
         scale = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
     else:
-        frac, expo = _e4m3_parts(pypto, c)
+        frac, expo = e4m3_parts(pypto, c)
         scale = pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0),
                                                     LN2)))
     val = pypto.mul(elem, pypto.reshape(scale, [n, 1]))

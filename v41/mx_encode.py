@@ -32,55 +32,55 @@ INV_LN2 = 1.0 / LN2
 LOG2_E4M3_MAX = math.log2(E4M3_MAX)
 
 
-def _pow2(pypto, k):
+def pow2(pypto, k):
     """Exact FP32 ``2^k`` of an FP32 integer tensor ``k`` in [-127, 127] (module-level:
     runs at trace time)."""
     p = pypto.exp(pypto.mul(k, LN2))
     return pypto.cast(pypto.cast(p, pypto.DT_BF16), pypto.DT_FP32)
 
 
-def _rsub(pypto, c, x):
+def rsub(pypto, c, x):
     """``c - x`` for a Python float ``c`` (``pypto.sub`` takes the tensor first)."""
     return pypto.add(pypto.mul(x, -1.0), c)
 
 
-def _step(pypto, x, ulp_inv):
+def step01(pypto, x, ulp_inv):
     """``1.0`` where ``x > 0`` else ``0.0``, for ``x`` that is 0 or at least ``1/ulp_inv``
     in magnitude (exact)."""
     return pypto.clip(pypto.floor(pypto.mul(x, ulp_inv)), 0.0, 1.0)
 
 
-def _scale_exponent(pypto, amax):
+def scale_exponent(pypto, amax):
     """FP32 ``clamp(ceil(log2(amax / 448)), -127, 127)`` of FP32 ``amax >= 0`` (exact)."""
     est = pypto.ceil(pypto.sub(pypto.mul(pypto.log(amax), INV_LN2), LOG2_E4M3_MAX))
     est = pypto.minimum(pypto.maximum(est, -127.0), 127.0)  # log(0) = -inf -> -127
-    t = pypto.mul(amax, _pow2(pypto, pypto.mul(est, -1.0)))  # exact
+    t = pypto.mul(amax, pow2(pypto, pypto.mul(est, -1.0)))  # exact
     # t > 448 -> one up; t <= 224 -> one down (FP32 ulps at 448 / 224 are 2^-15 / 2^-16)
-    up = _step(pypto, pypto.sub(t, E4M3_MAX), 32768.0)
-    down = _rsub(pypto, 1.0, _step(pypto, pypto.sub(t, E4M3_MAX / 2), 65536.0))
+    up = step01(pypto, pypto.sub(t, E4M3_MAX), 32768.0)
+    down = rsub(pypto, 1.0, step01(pypto, pypto.sub(t, E4M3_MAX / 2), 65536.0))
     e = pypto.add(est, pypto.sub(up, down))
     return pypto.minimum(pypto.maximum(e, -127.0), 127.0)
 
 
-def _e4m3_codes(pypto, v, truncate):
+def e4m3_codes(pypto, v, truncate):
     """FP32 E4M3 codes (0..255) of FP32 ``v`` with ``|v| <= 448`` expected: round to
     nearest even (or truncation for the wrong variant), saturation at 448."""
     a = pypto.abs(v)
-    neg = _step(pypto, pypto.mul(pypto.reciprocal(v), -1.0), E4M3_MAX)  # 1/v < 0, -0.0 too
+    neg = step01(pypto, pypto.mul(pypto.reciprocal(v), -1.0), E4M3_MAX)  # 1/v < 0, -0.0 too
     a_eff = pypto.maximum(a, 2.0 ** -6)  # the subnormal binade shares k = -6
     k0 = pypto.floor(pypto.mul(pypto.log(a_eff), INV_LN2))
-    r = pypto.mul(a_eff, _pow2(pypto, pypto.mul(k0, -1.0)))  # [0.5, 4) when k0 is +-1 off
+    r = pypto.mul(a_eff, pow2(pypto, pypto.mul(k0, -1.0)))  # [0.5, 4) when k0 is +-1 off
     k = pypto.add(k0, pypto.sub(pypto.minimum(pypto.floor(pypto.mul(r, 0.5)), 1.0),
-                                _rsub(pypto, 1.0, pypto.minimum(pypto.floor(r), 1.0))))
-    y = pypto.mul(a, _pow2(pypto, _rsub(pypto, 3.0, k)))  # exact, [0, 16)
+                                rsub(pypto, 1.0, pypto.minimum(pypto.floor(r), 1.0))))
+    y = pypto.mul(a, pow2(pypto, rsub(pypto, 3.0, k)))  # exact, [0, 16)
     f = pypto.floor(y)
     if truncate:
         rounded = f
     else:
         frac = pypto.sub(y, f)
         ge_half = pypto.floor(pypto.mul(frac, 2.0))
-        below = pypto.floor(_rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
-        gt_half = _rsub(pypto, 1.0, pypto.minimum(below, 1.0))
+        below = pypto.floor(rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
+        gt_half = rsub(pypto, 1.0, pypto.minimum(below, 1.0))
         odd = pypto.sub(f, pypto.mul(pypto.floor(pypto.mul(f, 0.5)), 2.0))
         rounded = pypto.add(pypto.add(f, gt_half), pypto.mul(pypto.sub(ge_half, gt_half), odd))
     mag = pypto.minimum(pypto.add(pypto.mul(pypto.add(k, 6.0), 8.0), rounded),
@@ -100,10 +100,10 @@ def activation_group_codes(pypto, xg, n, group):
     pypto.set_vec_tile_shapes(min(n, 64), group)
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
     pypto.set_vec_tile_shapes(min(n, 64), 8)
-    e = _scale_exponent(pypto, pypto.maximum(amax, ACTIVATION_AMAX_FLOOR))
-    inv_scale = _pow2(pypto, pypto.mul(e, -1.0))
+    e = scale_exponent(pypto, pypto.maximum(amax, ACTIVATION_AMAX_FLOOR))
+    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
     pypto.set_vec_tile_shapes(min(n, 64), group)
-    return _e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
+    return e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
 
 
 def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
@@ -117,12 +117,12 @@ def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shif
     xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
     pypto.set_vec_tile_shapes(min(n, 64), 8)
-    e = _scale_exponent(pypto, amax)
-    inv_scale = _pow2(pypto, pypto.mul(e, -1.0))
+    e = scale_exponent(pypto, amax)
+    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
     scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
     pypto.set_vec_tile_shapes(min(n, 64), group)
     v = pypto.mul(xg, inv_scale)  # exact: x / 2^e
-    codes = _e4m3_codes(pypto, v, truncate)
+    codes = e4m3_codes(pypto, v, truncate)
     pypto.set_vec_tile_shapes(min(rows, 8), d)
     codes = pypto.cast(pypto.reshape(codes, [rows, d], valid_shape=[valid, d]), pypto.DT_UINT8)
     pypto.set_vec_tile_shapes(min(rows, 8), gpr)

@@ -6,7 +6,7 @@ floor / min / max arithmetic (pypto 0.2.0 has no FP4 dtype and misdecodes FP8 ex
 The rule, per group of ``group`` channels with FP32 ``amax``:
 
 * E4M3 scale: ``raw = min(max(amax / 6, 2^-9), 448)`` (FP32 division), stored as its E4M3
-  code with round-to-nearest-even (:func:`v41.mx_encode._e4m3_codes`); the payload is
+  code with round-to-nearest-even (:func:`v41.mx_encode.e4m3_codes`); the payload is
   divided by the DECODED scale value (FP32 division, like the golden).
 * E8M0 scale: ``e = clamp(ceil(log2(amax / 6)), -9, 127)`` exact (a ``log`` estimate with
   the exact test ``3 < amax * 2^-e <= 6``); code ``e + 127``; payload ``x * 2^-e`` (exact).
@@ -23,8 +23,8 @@ Every function takes the ``pypto`` module first and runs at trace time.
 
 import math
 
-from v41.mx_decode import _e4m3_parts
-from v41.mx_encode import E4M3_MAX, E8M0_BIAS, _e4m3_codes, _pow2, _rsub, _step
+from v41.mx_decode import e4m3_parts
+from v41.mx_encode import E4M3_MAX, E8M0_BIAS, e4m3_codes, pow2, rsub, step01
 
 FP4_MAX = 6.0
 RAW_FLOOR = 2.0 ** -9  # min(amax / 6): the E4M3 min subnormal
@@ -39,8 +39,8 @@ def _rne(pypto, y):
     f = pypto.floor(y)
     frac = pypto.sub(y, f)
     ge_half = pypto.floor(pypto.mul(frac, 2.0))
-    below = pypto.floor(_rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
-    gt_half = _rsub(pypto, 1.0, pypto.minimum(below, 1.0))
+    below = pypto.floor(rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
+    gt_half = rsub(pypto, 1.0, pypto.minimum(below, 1.0))
     odd = pypto.sub(f, pypto.mul(pypto.floor(pypto.mul(f, 0.5)), 2.0))
     return pypto.add(pypto.add(f, gt_half), pypto.mul(pypto.sub(ge_half, gt_half), odd))
 
@@ -48,11 +48,11 @@ def _rne(pypto, y):
 def e2m1_codes(pypto, v, *, toward_zero=False):
     """FP32 E2M1 codes (0..15) of FP32 ``v``: ``|v|`` clamped to 6, round to nearest with
     ties to the even code (``toward_zero``: truncation, a deliberately wrong variant)."""
-    neg = _step(pypto, pypto.mul(pypto.reciprocal(v), -1.0), 64.0)  # 1/v < 0, -0.0 too
+    neg = step01(pypto, pypto.mul(pypto.reciprocal(v), -1.0), 64.0)  # 1/v < 0, -0.0 too
     a = pypto.minimum(pypto.abs(v), FP4_MAX)
     ge2 = pypto.minimum(pypto.floor(pypto.mul(a, 0.5)), 1.0)
     ge4 = pypto.minimum(pypto.floor(pypto.mul(a, 0.25)), 1.0)
-    m = pypto.sub(_rsub(pypto, 2.0, ge2), pypto.mul(ge4, 0.5))  # 2, 1, 0.5
+    m = pypto.sub(rsub(pypto, 2.0, ge2), pypto.mul(ge4, 0.5))  # 2, 1, 0.5
     y = pypto.mul(a, m)  # exact, [0, 4)
     r = pypto.floor(y) if toward_zero else _rne(pypto, y)
     mag = pypto.minimum(pypto.add(pypto.mul(pypto.add(ge2, ge4), 2.0), r), 7.0)
@@ -63,10 +63,10 @@ def e8m0_exponent(pypto, amax):
     """FP32 ``clamp(ceil(log2(amax / 6)), -9, 127)`` of FP32 ``amax >= 0`` (exact)."""
     est = pypto.ceil(pypto.sub(pypto.mul(pypto.log(amax), INV_LN2), LOG2_FP4_MAX))
     est = pypto.minimum(pypto.maximum(est, -127.0), 127.0)  # log(0) = -inf -> -127
-    t = pypto.mul(amax, _pow2(pypto, pypto.mul(est, -1.0)))  # exact
+    t = pypto.mul(amax, pow2(pypto, pypto.mul(est, -1.0)))  # exact
     # t > 6 -> one up; t <= 3 -> one down (FP32 ulps at 6 / 3 are 2^-21 / 2^-22)
-    up = _step(pypto, pypto.sub(t, FP4_MAX), 2.0 ** 21)
-    down = _rsub(pypto, 1.0, _step(pypto, pypto.sub(t, FP4_MAX / 2), 2.0 ** 22))
+    up = step01(pypto, pypto.sub(t, FP4_MAX), 2.0 ** 21)
+    down = rsub(pypto, 1.0, step01(pypto, pypto.sub(t, FP4_MAX / 2), 2.0 ** 22))
     e = pypto.add(est, pypto.sub(up, down))
     return pypto.minimum(pypto.maximum(e, float(MIN_EXP)), 127.0)
 
@@ -75,9 +75,9 @@ def e4m3_scale(pypto, amax):
     """``(codes, values)`` FP32 of the E4M3 scale ``RNE(min(max(amax / 6, 2^-9), 448))``."""
     six = pypto.add(pypto.mul(amax, 0.0), FP4_MAX)
     raw = pypto.minimum(pypto.maximum(pypto.div(amax, six), RAW_FLOOR), E4M3_MAX)
-    codes = _e4m3_codes(pypto, raw, False)
-    frac, expo = _e4m3_parts(pypto, codes)
-    values = pypto.mul(frac, _pow2(pypto, pypto.sub(pypto.maximum(expo, 1.0), 7.0)))
+    codes = e4m3_codes(pypto, raw, False)
+    frac, expo = e4m3_parts(pypto, codes)
+    values = pypto.mul(frac, pow2(pypto, pypto.sub(pypto.maximum(expo, 1.0), 7.0)))
     return codes, values
 
 
@@ -111,7 +111,7 @@ def quantize_tile(pypto, x, rows, valid, d, group, scale_format, *, toward_zero=
         e = e8m0_exponent(pypto, amax)
         scode = pypto.add(e, float(E8M0_BIAS))
         pypto.set_vec_tile_shapes(min(n, 64), group)
-        v = pypto.mul(xg, _pow2(pypto, pypto.mul(e, -1.0)))  # exact: x / 2^e
+        v = pypto.mul(xg, pow2(pypto, pypto.mul(e, -1.0)))  # exact: x / 2^e
     else:
         scode, scale = e4m3_scale(pypto, amax)
         pypto.set_vec_tile_shapes(min(n, 64), group)

@@ -52,7 +52,7 @@ topk_rows            (tokens, topk)                      int32     out
 # parameter annotations as objects.
 from v41 import mx_decode, rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.sparse_attention import _gather_tile, _scale_slots
+from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys decoded and scored per step
 INT32_MAX = 2 ** 31 - 1
@@ -142,7 +142,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         tokens = q.shape[0]
         payload = pypto.reshape(index_key, [rows, half])
         scales = pypto.reshape(index_key_scale, [rows * g])
-        slots = _scale_slots(pypto, tile, g)
+        slots = scale_slots(pypto, tile, g)
         consts = mx_decode.compressed_constants(pypto, tile, d)
         pypto.set_vec_tile_shapes(padded)
         pos1 = pypto.arange(0.0, float(padded), 1.0)
@@ -189,7 +189,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 ntiles = width // tile
             for j in pypto.loop(ntiles, name="IDX_KEY_TILES", idx_name="j"):
                 ids = pypto.view(phys, [1, tile], [0, j * tile])
-                packed, scodes, _ = _gather_tile(pypto, ids, tile, payload, scales, slots, g,
+                packed, scodes, _ = gather_tile(pypto, ids, tile, payload, scales, slots, g,
                                                  (min(tile, 16), half), False)
                 kb = mx_decode.compressed_rows(pypto, packed, scodes, consts, tile, d, group,
                                                scale_e8m0=True)

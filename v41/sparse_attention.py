@@ -76,10 +76,10 @@ when given, else :func:`default_blocks` / :func:`default_cblocks`.
 # parameter annotations as objects.
 from v41 import mx_decode
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys per online-softmax step
 KEY_ALIGN = 16  # default key counts are rounded up to this (-1 padded)
-MASK_BIAS = 1.0e30  # added (negated) to the logits of -1 keys
 INT32_MAX = 2 ** 31 - 1
 
 VARIANTS = {
@@ -176,40 +176,6 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
-def _scale_slots(pypto, tile, groups, fp32_rows=False):
-    """``(rep_idx, lane)`` INT32 ``[tile * groups]``: the key and the group of each flat scale
-    slot of a key tile (small numbers: exact through FP32; ``lane`` stays FP32 for the
-    ``fp32_row_index`` variant)."""
-    pypto.set_vec_tile_shapes(tile * groups)
-    iota = pypto.arange(0.0, float(tile * groups), 1.0)
-    key_of = pypto.floor(pypto.mul(iota, 1.0 / groups))
-    lane = pypto.sub(iota, pypto.mul(key_of, float(groups)))
-    if fp32_rows:
-        return pypto.cast(key_of, pypto.DT_INT32), lane
-    return pypto.cast(key_of, pypto.DT_INT32), pypto.cast(lane, pypto.DT_INT32)
-
-
-def _gather_tile(pypto, ids, tile, payload, scales, slots, groups, row_shape, fp32_rows):
-    """``(payload rows, flat scale bytes, FP32 mask bias [1, tile])`` of one key tile of INT32
-    row ids ``ids [1, tile]`` (-1 padded)."""
-    rep_idx, lane = slots
-    pypto.set_vec_tile_shapes(1, tile)
-    safe = pypto.reshape(pypto.maximum(ids, 0), [tile])
-    bias = pypto.mul(pypto.sub(pypto.clip(pypto.add(pypto.cast(ids, pypto.DT_FP32), 1.0),
-                                          0.0, 1.0), 1.0), MASK_BIAS)
-    pypto.set_vec_tile_shapes(*row_shape)
-    rows = pypto.index_select(payload, 0, safe)
-    # scale rows are a few bytes: gather single bytes of the flat table at row*groups+lane
-    pypto.set_vec_tile_shapes(tile * groups)
-    if fp32_rows:
-        srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, rep_idx)
-        slot = pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
-    else:
-        srep = pypto.index_select(safe, 0, rep_idx)
-        slot = pypto.add(pypto.mul(srep, groups), lane)
-    return rows, pypto.index_select(scales, 0, slot), bias
-
-
 def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
     """One online-softmax step of BF16 keys ``kb [tile, d]`` (V = K) into ``state`` =
     ``(m, l, acc)``, written in place after every new value is computed."""
@@ -274,8 +240,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         scales = pypto.reshape(window_kv_scale, [rows * g])
         cpayload = pypto.reshape(compressed_kv, [crows, half])
         cscales = pypto.reshape(compressed_kv_scale, [crows * cg])
-        slots = _scale_slots(pypto, tile, g, fp32_rows)
-        cslots = _scale_slots(pypto, ctile, cg, fp32_rows)
+        slots = scale_slots(pypto, tile, g, fp32_rows)
+        cslots = scale_slots(pypto, ctile, cg, fp32_rows)
         cconsts = mx_decode.compressed_constants(pypto, ctile, d, high_first=high_first)
         pypto.set_vec_tile_shapes(h, 8)
         sink = pypto.reshape(attn_sink, [h, 1])
@@ -300,7 +266,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 acc[:] = pypto.mul(pypto.cast(qt, pypto.DT_FP32), 0.0)
             for j in pypto.loop(keys // tile, name="SA_WINDOW_TILES", idx_name="j"):
                 ids = pypto.view(indices, [1, tile], [t, j * tile])
-                codes, scodes, bias = _gather_tile(pypto, ids, tile, payload, scales, slots, g,
+                codes, scodes, bias = gather_tile(pypto, ids, tile, payload, scales, slots, g,
                                                    (min(tile, 16), d), fp32_rows)
                 pypto.set_vec_tile_shapes(min(tile, 16), d)
                 kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, wgroup)
@@ -308,7 +274,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             if use_compressed:
                 for c in pypto.loop(ckeys // ctile, name="SA_COMPRESSED_TILES", idx_name="c"):
                     ids = pypto.view(compressed_indices, [1, ctile], [t, c * ctile])
-                    packed, scodes, bias = _gather_tile(pypto, ids, ctile, cpayload, cscales,
+                    packed, scodes, bias = gather_tile(pypto, ids, ctile, cpayload, cscales,
                                                         cslots, cg, (min(ctile, 16), half),
                                                         fp32_rows)
                     kb = mx_decode.compressed_rows(pypto, packed, scodes, cconsts, ctile, d,
