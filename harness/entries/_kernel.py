@@ -19,6 +19,16 @@ def active_count(num_tokens: torch.Tensor, tokens: int) -> int:
     return n
 
 
+def sequential_cost(records: list[dict]) -> dict:
+    """One rank's cost record for launches run one after another (host-chunked work):
+    estimated times and cycles add, ``launches`` counts them; None if any launch lacks one."""
+    total = dict(records[0], launches=len(records))
+    for key in ("aicore_e2e_us", "total_cycles"):
+        values = [r.get(key) for r in records]
+        total[key] = None if None in values else sum(values)
+    return total
+
+
 def single_launch(module: str, *, validate=None, **options):
     """A SUT function that compiles ``module`` for (config, case) and launches it once
     (rank 0) on the platform, feeding the case inputs by ABI name.  ``validate(inputs)``,

@@ -28,6 +28,7 @@ from goldens.compressor import _validate as golden_validate
 from harness.case import Case, Support
 from harness.entries import compressor_fixture as fx
 from harness.platforms.topology import VECTOR_FP32
+from harness.entries._kernel import sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.compressor_ratio1"
@@ -88,8 +89,7 @@ def kernel_sut(chunk: int | None = None, **options):
         out = {k: inputs[k] for k in fx.CACHES}
         extra = {"blocks": out["compressed_kv"].shape[0],
                  "capacity": inputs["freqs_cos"].shape[0]}
-        total: dict = {}
-        launches = 0
+        records = []
         for c0 in range(0, t, step):
             c1 = min(t, c0 + step)
             if c0 > 0 and c0 >= n:
@@ -103,13 +103,9 @@ def kernel_sut(chunk: int | None = None, **options):
             result = platform.launch(program, 0, {a.name: args[a.name] for a in program.args})
             result.raise_for_error()
             out = {k: result.outputs[k] for k in fx.CACHES}
-            launches += 1
-            record = result.cost_record()
-            for key in ("aicore_e2e_us", "total_cycles"):
-                if record.get(key) is not None:
-                    total[key] = total.get(key, 0) + record[key]
-        costs = [{"rank": 0, **total, "launches": launches}] if total else []
-        return SutOutput(out, costs)
+            if record := result.cost_record():
+                records.append(record)
+        return SutOutput(out, [sequential_cost(records)] if records else [])
     return run
 
 

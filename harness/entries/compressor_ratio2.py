@@ -33,6 +33,7 @@ from harness.compare import check_state_ring
 from harness.entries import compressor_fixture as fx
 from harness.entries import compressor_ratio1 as ratio1
 from harness.platforms.topology import VECTOR_FP32
+from harness.entries._kernel import sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.compressor_ratio2"
@@ -111,8 +112,7 @@ def kernel_sut(chunk: int | None = None, **options):
         n = int(inputs["num_tokens"][0])
         step = chunk or t
         state = {k: inputs[k] for k in OUTPUTS}
-        total: dict = {}
-        launches = 0
+        records = []
         for c0 in range(0, t, step):
             if c0 > 0 and c0 >= n:
                 break  # only padding left
@@ -128,13 +128,9 @@ def kernel_sut(chunk: int | None = None, **options):
             result = platform.launch(program, 0, {a.name: call[a.name] for a in program.args})
             result.raise_for_error()
             state = {k: result.outputs[k] for k in OUTPUTS}
-            launches += 1
-            record = result.cost_record()
-            for key in ("aicore_e2e_us", "total_cycles"):
-                if record.get(key) is not None:
-                    total[key] = total.get(key, 0) + record[key]
-        costs = [{"rank": 0, **total, "launches": launches}] if total else []
-        return SutOutput(state, costs)
+            if record := result.cost_record():
+                records.append(record)
+        return SutOutput(state, [sequential_cost(records)] if records else [])
     return run
 
 

@@ -36,6 +36,7 @@ from harness.compare import check_state_ring
 from harness.entries import compressor_fixture as fx
 from harness.entries import compressor_ratio2 as ratio2
 from harness.fixtures import generator, nonidentity_permutation, randn, split_lengths
+from harness.entries._kernel import sequential_cost
 from harness.registry import Entry, SutOutput, Work, register
 
 SUPPORT = Support(phase="prefill", inactive_rows=True)
@@ -151,12 +152,7 @@ def kernel_sut(**options):
             produced = launch(platform, config, case, call_inputs(inputs, tag, state))
             state = dict(produced.outputs)
             costs += produced.costs
-        total = {"rank": 0, "launches": len(costs)}
-        for key in ("aicore_e2e_us", "total_cycles"):
-            vals = [c[key] for c in costs if c.get(key) is not None]
-            if vals:
-                total[key] = sum(vals)
-        return SutOutput(state, [total] if costs else [])
+        return SutOutput(state, [sequential_cost(costs)] if costs else [])
     return run
 
 

@@ -43,6 +43,7 @@ from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel, check_zero_rows
 from harness.fixtures import SENTINEL, generator, nonidentity_permutation, randn, sentinel, uniform
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
+from harness.entries._kernel import sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.sparse_attention"
@@ -165,15 +166,6 @@ def chunked_launch(variant: str = "reference"):
                 records.append(record)
         return SutOutput({"out": out}, [sequential_cost(records)] if records else [])
     return run
-
-
-def sequential_cost(records: list[dict]) -> dict:
-    """One rank's cost record for launches run one after another: times and cycles add."""
-    total = dict(records[0], launches=len(records))
-    for key in ("aicore_e2e_us", "total_cycles"):
-        values = [r.get(key) for r in records]
-        total[key] = None if None in values else sum(values)
-    return total
 
 
 def work(config, case, inputs):

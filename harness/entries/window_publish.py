@@ -40,6 +40,7 @@ from harness.case import Case, Support
 from harness.compare import MXFP8_CACHE_MAX_REL_L2, check_dequantized_rows, check_non_owned_bytes
 from harness.fixtures import generator, nonidentity_permutation, randn, split_lengths
 from harness.platforms.topology import VECTOR_FP32
+from harness.entries._kernel import sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.window_publish"
@@ -183,7 +184,7 @@ def kernel_sut(chunk: int | None = None, **options):
         step = chunk or t
         caches = {k: inputs[k] for k in CACHES}
         blocks = caches["window_kv"].shape[0]
-        total: dict = {}
+        records = []
         for c0 in range(0, t, step):
             c1 = min(t, c0 + step)
             axes = {**dataclasses.asdict(case), "tokens": c1 - c0, "blocks": blocks}
@@ -192,12 +193,9 @@ def kernel_sut(chunk: int | None = None, **options):
             result = platform.launch(program, 0, {**rows, **caches})
             result.raise_for_error()
             caches = {k: result.outputs[k] for k in CACHES}
-            record = result.cost_record()
-            for key in ("aicore_e2e_us", "total_cycles"):
-                if record.get(key) is not None:
-                    total[key] = total.get(key, 0) + record[key]
-        costs = [{"rank": 0, **total, "launches": -(-t // step)}] if total else []
-        return SutOutput(caches, costs)
+            if record := result.cost_record():
+                records.append(record)
+        return SutOutput(caches, [sequential_cost(records)] if records else [])
     return run
 
 

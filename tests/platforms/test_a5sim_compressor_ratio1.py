@@ -16,6 +16,7 @@ from harness.entries import compressor_ratio1 as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
+from platform_stubs import NoLaunch
 
 CASE = Case(entry="compressor_ratio1", tokens=40, active_tokens=33, requests=3)
 
@@ -92,16 +93,6 @@ def test_host_chunks_publish_the_same_bytes(a5sim):
     assert differing_bytes(produced.outputs, golden_bytes(inputs)) == 0
     assert len(produced.costs) == 1 and produced.costs[0]["launches"] == 3
     assert produced.costs[0]["aicore_e2e_us"] > 0
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 def _past_cache(inputs):

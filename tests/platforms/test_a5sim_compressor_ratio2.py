@@ -17,6 +17,7 @@ from harness.entries import compressor_ratio2 as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
+from platform_stubs import NoLaunch
 
 CASE = Case(entry="compressor_ratio2", tokens=40, active_tokens=33, requests=3)
 
@@ -80,16 +81,6 @@ def test_num_tokens_zero_touches_nothing(a5sim):
     out = entry_mod.kernel_sut()(a5sim, case.config, case, clone_tensors(inputs)).outputs
     for name in entry_mod.OUTPUTS:
         assert torch.equal(out[name].view(torch.uint8), inputs[name].view(torch.uint8)), name
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 def _shared_block(inputs):

@@ -13,6 +13,7 @@ from harness.entries import gate as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
+from platform_stubs import NoLaunch
 
 ENTRY = "gate"
 PADDED = Case(entry=ENTRY, tokens=50, active_tokens=21)  # two routed tiles, two zero tiles
@@ -65,16 +66,6 @@ def test_padding_rows_get_index_zero_and_weight_zero(a5sim, case):
         scale = case.config.moe.routed_scaling_factor
         assert (w > 0).all()
         assert torch.allclose(w.sum(-1), torch.full((n,), scale, dtype=torch.float64))
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 @pytest.mark.parametrize("bad,match", [

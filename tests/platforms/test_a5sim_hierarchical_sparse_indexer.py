@@ -14,6 +14,7 @@ from harness.entries import hierarchical_sparse_indexer as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
+from platform_stubs import NoLaunch
 
 ENTRY = "hierarchical_sparse_indexer"
 MIXED = Case(entry=ENTRY, tokens=9)
@@ -42,16 +43,6 @@ def test_wrong_kernel_fails_the_comparison(a5sim, variant, case):
     verdicts, _, _ = run_with(a5sim, case, entry_mod.kernel_sut(variant))
     bad = {(v.output, v.check) for v in verdicts if not v.passed}
     assert ("candidate_mask", "exact_bytes") in bad, [v.line() for v in verdicts]
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 def _nan(i):

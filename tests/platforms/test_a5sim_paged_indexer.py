@@ -14,6 +14,7 @@ from harness.entries import paged_indexer as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
+from platform_stubs import NoLaunch
 
 ENTRY = "paged_indexer"
 MIXED = Case(entry=ENTRY, tokens=7, requests=2)
@@ -101,16 +102,6 @@ def test_budget_keeps_at_least_one_row():
     with pytest.raises(Stop):
         entry_mod.kernel_sut(max_logits_bytes=1)(Tiny(), cfg, MIXED, inputs)
     assert spy == [1]
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 def _bad_req(i):

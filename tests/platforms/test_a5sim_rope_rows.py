@@ -12,8 +12,7 @@ from harness.entries import rope_rows as entry_mod
 from harness.entries._kernel import run_with
 from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
-
-
+from platform_stubs import NoLaunch
 
 
 def run_variant(platform, case: Case, **options):
@@ -45,16 +44,6 @@ def test_zero_tokens_touches_nothing(a5sim):
     verdicts, out = run_variant(a5sim, case)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert (out["rope_cos"] == 13.0).all() and (out["rope_sin"] == 13.0).all()
-
-
-class NoLaunch:
-    """A platform stub that fails the test if anything is compiled or launched."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled before the host check")
-
-    def launch(self, *a, **k):
-        raise AssertionError("launched before the host check")
 
 
 @pytest.mark.parametrize("field,bad,match", [

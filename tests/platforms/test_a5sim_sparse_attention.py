@@ -13,6 +13,7 @@ import torch
 from harness.case import Case
 from harness.entries._kernel import run_with
 from harness.entries.sparse_attention import chunk_tokens, chunked_launch, no_key_tokens
+from platform_stubs import NoLaunch
 
 ENTRY = "sparse_attention"
 CASE = Case(entry=ENTRY, tokens=5)
@@ -152,15 +153,6 @@ def test_large_token_counts_are_split_into_launches_of_the_same_caches(monkeypat
     assert [float(out[t, 0, 0]) for t in range(5)] == [1, 1, 2, 2, 3]  # each chunk in place
 
 
-class _NoLaunch:
-    """A platform that must never be reached: host validation comes first."""
-
-    def compile(self, *a, **k):
-        raise AssertionError("compiled despite bad input")
-
-    launch = compile
-
-
 @pytest.mark.parametrize("field,bound,mutate", [
     ("indices[1, 0]", "[-1, 64) window_kv rows",
      lambda inp: inp["indices"].__setitem__((1, 0), 10 ** 6)),
@@ -177,7 +169,7 @@ def test_bad_input_is_refused_on_the_host_before_launch(field, bound, mutate):
     inputs = entry.build_inputs(CASE.config, CASE)
     mutate(inputs)
     with pytest.raises(ValueError, match=re.escape(field) + ".*" + re.escape(bound)):
-        entry.kernels["a5sim"](_NoLaunch(), CASE.config, CASE, inputs)
+        entry.kernels["a5sim"](NoLaunch(), CASE.config, CASE, inputs)
 
 
 def test_a_token_without_keys_must_be_exactly_zero():
