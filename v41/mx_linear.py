@@ -1,0 +1,136 @@
+"""MXFP8 linear ``y = MX(x) @ W^T`` inside a pypto kernel (trace-time helpers; golden
+``goldens.quant.mxfp8_linear``).
+
+* ``x`` rows are quantized with the ACTIVATION rule (``quantize_mxfp8_activation``: group
+  32, amax floored at 1e-4, E8M0 ``2^e``, E4M3 round to nearest even) by
+  :func:`v41.mx_encode.activation_group_codes`, and handed back DEQUANTIZED as BF16:
+  ``code value * 2^e`` is exact in BF16 (4 significant bits, ``e >= -22``).
+* ``W`` is the checkpoint FP8 linear, output-major ``[N, K]`` uint8 E4M3 codes with one
+  uint8 E8M0 code per 32x32 block ``[N/32, K/32]``; it is decoded one ``[n_tile, K]`` row
+  tile at a time to exact BF16 ``code value * 2^s`` (:func:`v41.mx_decode.window_rows`,
+  the block scale repeated per row by an ``index_select`` of the scale rows); no expanded
+  weight ever exists beyond one tile.
+* ``y`` tile = BF16 x BF16 cube matmul with FP32 accumulation over all of K.
+
+Why this equals the golden: both operands are the exact dequantized MX values, so every
+product is exact; the golden sums each 32-group exactly, rounds it to FP32, scales it by
+the two powers of two (exact) and adds the groups in ascending order in FP32, while the
+cube accumulates the same exact products in FP32 in its own order.  The two differ only
+by FP32 reassociation (~1e-7 relative), far inside the contract's per-row bound.  (The A5
+cube's MX FP8 x FP8 path would take the codes and scales directly; on pypto 0.2.0's
+interpreter ``scaled_mm`` ignores the scales and the FP8 dtype misdecodes exponent 15.)
+"""
+
+import math
+
+from v41 import mx_decode, mx_encode
+
+MX_GROUP = 32
+LN2 = math.log(2.0)
+
+
+def mx_activation_bf16(pypto, x32, rows, valid, k, group=MX_GROUP, *, skip_quant=False):
+    """BF16 ``[rows, k]`` (first ``valid`` rows real): ``MX(x)`` of FP32 ``x32 [rows, k]``
+    dequantized exactly (see the module doc).  ``skip_quant`` is a deliberately wrong
+    reading for the harness's wrong-kernel tests (plain BF16 cast, no MXFP8 rounding)."""
+    if skip_quant:
+        pypto.set_vec_tile_shapes(min(rows, 8), k)
+        return pypto.cast(x32, pypto.DT_BF16)
+    n, gpr = rows * k // group, k // group
+    pypto.set_vec_tile_shapes(min(rows, 8), k)
+    xg = pypto.reshape(x32, [n, group], valid_shape=[valid * gpr, group])
+    codes, e = mx_encode.activation_group_codes(pypto, xg, n, group)
+    frac, expo = mx_decode.e4m3_parts(pypto, codes)
+    # value * 2^e = frac * 2^(max(expo, 1) - 7 + e): one exp, rounded away by the BF16 cast
+    pw = pypto.exp(pypto.mul(pypto.add(pypto.maximum(expo, 1.0), pypto.sub(e, 7.0)), LN2))
+    val = pypto.mul(frac, pw)
+    pypto.set_vec_tile_shapes(min(rows, 8), k)
+    xq = pypto.cast(pypto.reshape(val, [rows, k], valid_shape=[valid, k]), pypto.DT_BF16)
+    return pypto.view(xq, [rows, k], [0, 0], valid_shape=[valid, k])
+
+
+def _weight_row_ids(pypto, n_tile, group):
+    """INT32 ``[n_tile]``: the scale row ``r // group`` of each weight row of a tile."""
+    pypto.set_vec_tile_shapes(n_tile)
+    iota = pypto.arange(0.0, float(n_tile), 1.0)
+    return pypto.cast(pypto.floor(pypto.mul(pypto.add(iota, 0.5), 1.0 / group)), pypto.DT_INT32)
+
+
+def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GROUP, *,
+                        scale_up=False):
+    """BF16 ``[n_tile, k]``: the block ``[n0 : n0 + n_tile, c0 : c0 + k]`` of the FP8 weight
+    decoded exactly (``n0``, ``c0``, ``n_tile``, ``k`` multiples of ``group``).
+    ``scale_up`` is a deliberately wrong reading (every block scale one binade too large)."""
+    kg = k // group
+    row_ids = _weight_row_ids(pypto, n_tile, group)
+    pypto.set_vec_tile_shapes(min(n_tile, 16), k)
+    codes = pypto.view(w_codes, [n_tile, k], [n0, c0])
+    pypto.set_vec_tile_shapes(min(n_tile // group, 16), kg)
+    srows = pypto.view(w_scales, [n_tile // group, kg], [n0 // group, c0 // group])
+    pypto.set_vec_tile_shapes(min(n_tile, 16), kg)
+    srep = pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
+    pypto.set_vec_tile_shapes(min(n_tile, 16), k)
+    wt = mx_decode.window_rows(pypto, codes, pypto.reshape(srep, [n_tile * kg]), n_tile, k,
+                               group)
+    if scale_up:
+        wt = pypto.cast(pypto.mul(pypto.cast(wt, pypto.DT_FP32), 2.0), pypto.DT_BF16)
+    return wt
+
+
+def mx_linear_tile(pypto, parts, w_codes, w_scales, n0, n_tile, rows, valid, *,
+                   scale_up=False):
+    """FP32 ``[rows, n_tile]`` (first ``valid`` rows real): output columns ``n0 .. n0 +
+    n_tile`` of ``x @ W^T`` for one row tile whose MX activation is given as ``parts``:
+    ``(BF16 [rows, k_p], k_p)`` column blocks of ``x`` in order (each from
+    :func:`mx_activation_bf16`; ``k_p`` a multiple of 32).  Each part's weight block is
+    decoded by :func:`mx_weight_tile_bf16`, multiplied on the cube, and the parts' FP32
+    products are added in order."""
+    c0 = 0
+    y = None
+    for xq, kp in parts:  # unrolled at trace time
+        wt = mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, kp, scale_up=scale_up)
+        # re-view: a tensor entering a nested loop's function loses its valid shape
+        pypto.set_vec_tile_shapes(min(rows, 16), kp)
+        xv = pypto.view(xq, [rows, kp], [0, 0], valid_shape=[valid, kp])
+        mm = pypto.matmul(xv, wt, pypto.DT_FP32, b_trans=True)  # [rows, n_tile]
+        pypto.set_vec_tile_shapes(min(rows, 16), n_tile)
+        y = mm if y is None else pypto.add(y, mm)
+        c0 += kp
+    return y
+
+
+def tile_width(n, n_tile):
+    """The weight row tile for ``n`` output rows: ``n_tile``, or ``n`` when smaller."""
+    width = min(n, n_tile)
+    if n % width or width % MX_GROUP:
+        raise ValueError(f"n: {n} output rows must be a multiple of the tile {width} "
+                         f"(itself a multiple of {MX_GROUP})")
+    return width
+
+
+def mx_linear_cols(pypto, parts, w_codes, w_scales, n0, n, n_tile, rows, valid, *,
+                   scale_up=False):
+    """FP32 ``[rows, n]`` (first ``valid`` rows real): output columns ``n0 .. n0 + n`` of
+    ``x @ W^T`` as :func:`mx_linear_tile` tiles of ``tile_width(n, n_tile)`` unrolled at
+    trace time and concatenated (for a row that must be whole in-kernel, e.g. before a
+    norm)."""
+    width = tile_width(n, n_tile)
+    tiles = []
+    for j in range(n // width):
+        tiles.append(mx_linear_tile(pypto, parts, w_codes, w_scales, n0 + j * width, width,
+                                    rows, valid, scale_up=scale_up))
+    if len(tiles) == 1:
+        return tiles[0]
+    pypto.set_vec_tile_shapes(min(rows, 16), min(n, 1024))
+    return pypto.view(pypto.concat(tiles, -1), [rows, n], [0, 0], valid_shape=[valid, n])
+
+
+def mx_linear_rows(pypto, parts, w_codes, w_scales, out, start, rows, valid, n, n_tile, *,
+                   name, scale_up=False):
+    """``out[start : start + valid, :n] = x @ W^T`` in FP32 for one row tile (``parts`` as
+    in :func:`mx_linear_tile`), a ``pypto.loop`` over ``n / n_tile`` weight row tiles."""
+    width = tile_width(n, n_tile)
+    for j in pypto.loop(n // width, name=name, idx_name="nt"):
+        y = mx_linear_tile(pypto, parts, w_codes, w_scales, j * width, width, rows, valid,
+                           scale_up=scale_up)
+        pypto.assemble(y, [start, j * width], out)

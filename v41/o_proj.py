@@ -1,0 +1,147 @@
+"""Output projection, one TP rank's FP32 partial (golden: ``goldens.o_proj.o_proj_partial``).
+
+Per row tile of ``ROW_TILE`` tokens, for each of the rank's ``groups`` output groups:
+
+* ``o = [inverse RoPE of the rope tail of each head]`` BF16: adjacent pairs ``(re, im)``
+  de-rotated with the token's ``(cos, sin)``, ``(re c + im s, im c - re s)`` in FP32, one
+  BF16 cast, head by head (:mod:`v41.rope_tail`); the NoPE channels pass through
+  unchanged and the heads are concatenated back to the group width;
+* ``latent_g = [o_g @ wo_a_g^T]`` BF16 x BF16 cube matmul, FP32 accumulation, ONE BF16 cast;
+* ``partial = MX(latent) @ wo_b^T`` kept in FP32 (:mod:`v41.mx_linear`: activation MXFP8
+  per group of 32, ``wo_b`` E4M3 codes x E8M0 32x32 block scales decoded in-kernel one
+  ``[N_TILE, K]`` tile at a time; the weight is decoded once per row tile).
+
+The TP sum is not in the kernel: every rank's partial goes to the host transport, which
+sums them in rank order in FP32 with one BF16 cast (``harness.entries.o_proj``).
+
+ABI (one rank; ``heads = num_heads / tp``, ``groups = o_groups / tp``, ``K = groups *
+o_lora_rank``; 3-D golden tensors are passed row-major flattened, same bytes)
+---
+============  ==============================  ========  =====
+name          shape                           dtype     role
+============  ==============================  ========  =====
+attn_out      (tokens, heads * head_dim)      bfloat16  in
+rope_cos      (tokens, rope_dim / 2)          float32   in
+rope_sin      (tokens, rope_dim / 2)          float32   in
+wo_a          (groups * o_lora_rank, o_group_in)  bfloat16  in
+wo_b          (hidden, K)                     uint8     in   (E4M3 codes)
+wo_b_scale    (hidden / 32, K / 32)           uint8     in   (E8M0 codes)
+partial       (tokens, hidden)                float32   out
+============  ==============================  ========  =====
+
+``tokens`` (>= 1) is a dynamic axis; ``tp`` from ``case["tp"]`` (default 1).
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41 import mx_linear, rope_tail
+from v41.abi import Arg, case_int, jit_options, resolve
+
+ROW_TILE = 64  # tokens per row tile (the weight is decoded once per row tile)
+N_TILE = 128  # wo_b output rows decoded per weight tile
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "forward_rope": "rotates the heads' rope tail forward instead of de-rotating it",
+    "wo_b_scale_up": "decodes wo_b with every E8M0 block scale one binade too large",
+    "skip_act_quant": "feeds the BF16 latent to wo_b without its MXFP8 quantization",
+}
+
+ABI = (
+    Arg("attn_out", ("tokens", "width"), "bfloat16", "in"),
+    Arg("rope_cos", ("tokens", "half"), "float32", "in"),
+    Arg("rope_sin", ("tokens", "half"), "float32", "in"),
+    Arg("wo_a", ("latent", "group_in"), "bfloat16", "in"),
+    Arg("wo_b", ("hidden", "latent"), "uint8", "in"),
+    Arg("wo_b_scale", ("hidden_blocks", "latent_blocks"), "uint8", "in"),
+    Arg("partial", ("tokens", "hidden"), "float32", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    tp = case_int(case, "tp", default=1, minimum=1)
+    if config.o_groups % tp or config.num_heads % tp:
+        raise ValueError(f"case['tp']: {tp} must divide o_groups {config.o_groups} and "
+                         f"num_heads {config.num_heads}")
+    if config.hidden_size % N_TILE:
+        raise ValueError(f"config.hidden_size: {config.hidden_size} must be a multiple of "
+                         f"N_TILE {N_TILE}")
+    latent = config.o_groups // tp * config.o_lora_rank
+    return {"tokens": case_int(case, "tokens", minimum=1),
+            "width": config.num_heads // tp * config.head_dim, "half": config.rope_dim // 2,
+            "latent": latent, "group_in": config.o_group_in, "hidden": config.hidden_size,
+            "hidden_blocks": config.hidden_size // 32, "latent_blocks": latent // 32}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``o_proj(attn_out, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
+    partial)``: one rank's FP32 partial of the output projection."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    d = dims(config, case or {"tokens": 1})
+    width, half, k = d["width"], d["half"], d["latent"]
+    gi, lora, hidden = config.o_group_in, config.o_lora_rank, config.hidden_size
+    groups = k // lora
+    hd, rd = config.head_dim, config.rope_dim
+    nope, heads_per_group = hd - rd, gi // hd
+    rows = ROW_TILE
+    inverse = variant != "forward_rope"
+    skip_quant = variant == "skip_act_quant"
+    scale_up = variant == "wo_b_scale_up"
+    options = jit_options(runtime_options)
+    tokens_dim = pypto.frontend.dynamic("tokens")
+
+    @pypto.frontend.jit(runtime_options=options)
+    def o_proj(
+        attn_out: pypto.Tensor([tokens_dim, width], pypto.DT_BF16),
+        rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        rope_sin: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        wo_a: pypto.Tensor([k, gi], pypto.DT_BF16),
+        wo_b: pypto.Tensor([hidden, k], pypto.DT_UINT8),
+        wo_b_scale: pypto.Tensor([hidden // 32, k // 32], pypto.DT_UINT8),
+        partial: pypto.Tensor([tokens_dim, hidden], pypto.DT_FP32),
+    ):
+        tokens = attn_out.shape[0]
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        for i in pypto.loop((tokens + rows - 1) // rows, name="O_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            pypto.set_vec_tile_shapes(min(rows, 8), half)
+            cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
+            sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
+            factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+            parts = []
+            for g in range(groups):  # unrolled at trace time
+                pieces = []
+                for h in range(heads_per_group):
+                    c0 = g * gi + h * hd
+                    pypto.set_vec_tile_shapes(min(rows, 16), hd)
+                    pieces.append(pypto.view(attn_out, [rows, nope], [start, c0],
+                                             valid_shape=[valid, nope]))
+                    tail = pypto.view(attn_out, [rows, rd], [start, c0 + nope],
+                                      valid_shape=[valid, rd])
+                    pieces.append(rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid,
+                                              rd))
+                pypto.set_vec_tile_shapes(min(rows, 16), gi)
+                o = pypto.view(pypto.concat(pieces, -1), [rows, gi], [0, 0],
+                               valid_shape=[valid, gi])
+                lat = pypto.matmul(o, pypto.view(wo_a, [lora, gi], [g * lora, 0]),
+                                   pypto.DT_FP32, b_trans=True)  # [rows, lora]
+                pypto.set_vec_tile_shapes(min(rows, 8), lora)
+                lat32 = pypto.cast(pypto.cast(lat, pypto.DT_BF16), pypto.DT_FP32)
+                xq = mx_linear.mx_activation_bf16(pypto, lat32, rows, valid, lora,
+                                                  skip_quant=skip_quant)
+                parts.append((xq, lora))
+            mx_linear.mx_linear_rows(pypto, parts, wo_b, wo_b_scale, partial, start, rows,
+                                     valid, hidden, N_TILE, name="O_WO_B",
+                                     scale_up=scale_up)
+
+    return o_proj

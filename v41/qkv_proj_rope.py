@@ -1,0 +1,201 @@
+"""Q / KV projection with RoPE, one TP rank's heads (golden: ``goldens.qkv.qkv_proj_rope``).
+
+Per row tile of ``ROW_TILE`` tokens (brackets mark a BF16 cast, as in the golden):
+
+* ``x`` is quantized once to MXFP8 (activation rule, :mod:`v41.mx_linear`); the
+  ``wq_a`` and ``wkv`` products share it (the golden quantizes the same ``x`` twice);
+* ``qr = [RMSNorm([MX(x) @ wq_a^T], q_norm)]`` ``[rows, q_lora_rank]``, written to ``qr``;
+* ``kv = [RoPE([RMSNorm([MX(x) @ wkv^T], kv_norm)])]`` ``[rows, head_dim]``;
+* ``q_h = [RoPE([MX(qr) @ wq_b_h^T])]`` for each of the rank's heads (a ``pypto.loop``),
+  ``wq_b_h`` the head's ``head_dim`` output rows.
+
+MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
+decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
+nothing is dequantized on the host.  RMSNorm: ``x * rsqrt(sum(x^2) / n + eps) * w`` in
+FP32 (``goldens.norm``; the golden's FP64 mean differs by FP32 reassociation only).
+RoPE: forward adjacent-pair rotation of each head's tail from the prepared rope rows
+(``rope_rows`` output), :mod:`v41.rope_tail`.
+
+ABI (one rank; ``heads = num_heads / tp``)
+---
+============  ==================================  ========  =====
+name          shape                               dtype     role
+============  ==================================  ========  =====
+x             (tokens, hidden)                    bfloat16  in
+rope_cos      (tokens, rope_dim / 2)              float32   in
+rope_sin      (tokens, rope_dim / 2)              float32   in
+wq_a          (q_lora_rank, hidden)               uint8     in   (E4M3 codes)
+wq_a_scale    (q_lora_rank / 32, hidden / 32)     uint8     in   (E8M0 codes)
+q_norm        (q_lora_rank,)                      float32   in
+wq_b          (heads * head_dim, q_lora_rank)     uint8     in   (the rank's rows)
+wq_b_scale    (heads * head_dim / 32, q_lora_rank / 32)  uint8  in
+wkv           (head_dim, hidden)                  uint8     in
+wkv_scale     (head_dim / 32, hidden / 32)        uint8     in
+kv_norm       (head_dim,)                         float32   in
+q             (tokens, heads * head_dim)          bfloat16  out  ([T, heads, head_dim])
+kv            (tokens, head_dim)                  bfloat16  out
+qr            (tokens, q_lora_rank)               bfloat16  out
+============  ==================================  ========  =====
+
+``tokens`` (>= 1) is a dynamic axis; ``tp`` from ``case["tp"]`` (default 1).
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41 import mx_linear, rope_tail
+from v41.abi import Arg, case_int, jit_options, resolve
+
+ROW_TILE = 32  # tokens per row tile (the weights are decoded once per row tile)
+N_TILE = 128  # weight output rows decoded per tile
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "inverse_rope": "de-rotates the rope tails (inverse RoPE) instead of rotating them",
+    "no_q_norm": "skips the q RMSNorm (qr and q get the raw wq_a product)",
+    "wq_b_scale_up": "decodes wq_b with every E8M0 block scale one binade too large",
+}
+
+ABI = (
+    Arg("x", ("tokens", "hidden"), "bfloat16", "in"),
+    Arg("rope_cos", ("tokens", "half"), "float32", "in"),
+    Arg("rope_sin", ("tokens", "half"), "float32", "in"),
+    Arg("wq_a", ("q_lora", "hidden"), "uint8", "in"),
+    Arg("wq_a_scale", ("q_lora_blocks", "hidden_blocks"), "uint8", "in"),
+    Arg("q_norm", ("q_lora",), "float32", "in"),
+    Arg("wq_b", ("q_width", "q_lora"), "uint8", "in"),
+    Arg("wq_b_scale", ("q_width_blocks", "q_lora_blocks"), "uint8", "in"),
+    Arg("wkv", ("head_dim", "hidden"), "uint8", "in"),
+    Arg("wkv_scale", ("head_dim_blocks", "hidden_blocks"), "uint8", "in"),
+    Arg("kv_norm", ("head_dim",), "float32", "in"),
+    Arg("q", ("tokens", "q_width"), "bfloat16", "out"),
+    Arg("kv", ("tokens", "head_dim"), "bfloat16", "out"),
+    Arg("qr", ("tokens", "q_lora"), "bfloat16", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    tp = case_int(case, "tp", default=1, minimum=1)
+    if config.num_heads % tp:
+        raise ValueError(f"case['tp']: {tp} must divide num_heads {config.num_heads}")
+    ql, hd, d = config.q_lora_rank, config.head_dim, config.hidden_size
+    qw = config.num_heads // tp * hd
+    return {"tokens": case_int(case, "tokens", minimum=1), "hidden": d,
+            "half": config.rope_dim // 2, "q_lora": ql, "q_width": qw, "head_dim": hd,
+            "hidden_blocks": d // 32, "q_lora_blocks": ql // 32, "q_width_blocks": qw // 32,
+            "head_dim_blocks": hd // 32}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
+    """FP32 ``[rows, n]``: ``y * rsqrt(sum(y^2) / n + eps) * w`` of FP32 rows ``y32`` with
+    FP32 ``weight [1, n]`` (``apply=False`` returns ``y32`` unchanged: a wrong variant)."""
+    if not apply:
+        return y32
+    pypto.set_vec_tile_shapes(min(rows, 8), n)
+    ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
+    return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
+
+
+def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
+                    head_dim, rope_dim):
+    """Write one head ``y_bf16 [rows, head_dim]`` to ``out`` at ``[start, col]``: the NoPE
+    channels as they are, the rope tail rotated (:func:`v41.rope_tail.rotate_tail`)."""
+    nope = head_dim - rope_dim
+    pypto.set_vec_tile_shapes(min(rows, 16), head_dim)
+    pypto.assemble(pypto.view(y_bf16, [rows, nope], [0, 0], valid_shape=[valid, nope]),
+                   [start, col], out)
+    tail = pypto.view(y_bf16, [rows, rope_dim], [0, nope], valid_shape=[valid, rope_dim])
+    rot = rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim)
+    pypto.set_vec_tile_shapes(min(rows, 16), rope_dim)
+    pypto.assemble(pypto.view(rot, [rows, rope_dim], [0, 0], valid_shape=[valid, rope_dim]),
+                   [start, col + nope], out)
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``qkv_proj_rope(x, rope_cos, rope_sin, wq_a, wq_a_scale, q_norm, wq_b,
+    wq_b_scale, wkv, wkv_scale, kv_norm, q, kv, qr)`` for one rank's heads."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    d = dims(config, case or {"tokens": 1})
+    hidden, half, ql, qw, hd = d["hidden"], d["half"], d["q_lora"], d["q_width"], d["head_dim"]
+    rd = config.rope_dim
+    heads = qw // hd
+    eps = float(config.rms_norm_eps)
+    rows = ROW_TILE
+    inverse = variant == "inverse_rope"
+    q_norm_on = variant != "no_q_norm"
+    scale_up = variant == "wq_b_scale_up"
+    options = jit_options(runtime_options)
+    tokens_dim = pypto.frontend.dynamic("tokens")
+    bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
+
+    @pypto.frontend.jit(runtime_options=options)
+    def qkv_proj_rope(
+        x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        rope_sin: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        wq_a: pypto.Tensor([ql, hidden], pypto.DT_UINT8),
+        wq_a_scale: pypto.Tensor([ql // 32, hidden // 32], pypto.DT_UINT8),
+        q_norm: pypto.Tensor([ql], pypto.DT_FP32),
+        wq_b: pypto.Tensor([qw, ql], pypto.DT_UINT8),
+        wq_b_scale: pypto.Tensor([qw // 32, ql // 32], pypto.DT_UINT8),
+        wkv: pypto.Tensor([hd, hidden], pypto.DT_UINT8),
+        wkv_scale: pypto.Tensor([hd // 32, hidden // 32], pypto.DT_UINT8),
+        kv_norm: pypto.Tensor([hd], pypto.DT_FP32),
+        q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
+        kv: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
+        qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
+    ):
+        tokens = x.shape[0]
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        for i in pypto.loop((tokens + rows - 1) // rows, name="QKV_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            pypto.set_vec_tile_shapes(min(rows, 8), half)
+            cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
+            sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
+            factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+            pypto.set_vec_tile_shapes(min(rows, 8), hidden)
+            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
+                                        valid_shape=[valid, hidden]), fp32)
+            xq = [(mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden), hidden)]
+            # qr = [RMSNorm([MX(x) @ wq_a^T])]
+            qa = mx_linear.mx_linear_cols(pypto, xq, wq_a, wq_a_scale, 0, ql, N_TILE, rows,
+                                          valid)
+            pypto.set_vec_tile_shapes(1, ql)
+            qn = pypto.reshape(q_norm, [1, ql])
+            pypto.set_vec_tile_shapes(min(rows, 8), ql)
+            qa32 = pypto.cast(pypto.cast(qa, bf16), fp32)
+            qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, rows, ql, eps, apply=q_norm_on),
+                              bf16)
+            pypto.assemble(pypto.view(qr_t, [rows, ql], [0, 0], valid_shape=[valid, ql]),
+                           [start, 0], qr)
+            # kv = [RoPE([RMSNorm([MX(x) @ wkv^T])])]
+            kva = mx_linear.mx_linear_cols(pypto, xq, wkv, wkv_scale, 0, hd, N_TILE, rows,
+                                           valid)
+            pypto.set_vec_tile_shapes(1, hd)
+            kn = pypto.reshape(kv_norm, [1, hd])
+            pypto.set_vec_tile_shapes(min(rows, 8), hd)
+            kv32 = pypto.cast(pypto.cast(kva, bf16), fp32)
+            kv_t = pypto.cast(rms_norm_rows(pypto, kv32, kn, rows, hd, eps), bf16)
+            store_rope_head(pypto, kv_t, kv, start, 0, rows, valid, cos_t, sin_t, factors,
+                            hd, rd)
+            # q_h = [RoPE([MX(qr) @ wq_b_h^T])], one head per iteration
+            pypto.set_vec_tile_shapes(min(rows, 8), ql)
+            qrq = [(mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid,
+                                                 ql), ql)]
+            for h in pypto.loop(heads, name="QKV_HEADS", idx_name="h"):
+                yh = mx_linear.mx_linear_cols(pypto, qrq, wq_b, wq_b_scale, h * hd, hd,
+                                              N_TILE, rows, valid, scale_up=scale_up)
+                pypto.set_vec_tile_shapes(min(rows, 8), hd)
+                store_rope_head(pypto, pypto.cast(yh, bf16), q, start, h * hd, rows, valid,
+                                cos_t, sin_t, factors, hd, rd)
+
+    return qkv_proj_rope
