@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from harness import registry
-from harness.platforms import get_platform
 from harness.runner import run_case
 
 
@@ -19,16 +18,6 @@ def _kernel_tiny_cases():
         params += [pytest.param(case, id=case.case_id) for case in entry.matrix
                    if case.preset == "tiny"]
     return params
-
-
-@pytest.fixture(scope="module")
-def lowered():
-    platform = get_platform("a5sim", verify="lowered")
-    ok, why = platform.available()
-    if not ok:
-        pytest.skip(why)
-    yield platform
-    platform.close()
 
 
 def test_every_kernel_entry_has_a_tiny_case():

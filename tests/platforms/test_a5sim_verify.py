@@ -93,16 +93,6 @@ def test_log_cursor_reads_only_new_text(tmp_path):
     assert cursor.read_new() == "new line\nsecond file\n"
 
 
-@pytest.fixture(scope="module")
-def lowered():
-    platform = get_platform("a5sim", verify="lowered")
-    ok, why = platform.available()
-    if not ok:
-        pytest.skip(why)
-    yield platform
-    platform.close()
-
-
 def rmsnorm_tensors(tokens=7):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(tokens, TINY.hidden_size, generator=g).to(torch.bfloat16)
