@@ -84,6 +84,15 @@ def test_score_budget_splits_queries_into_launches(a5sim):
     assert torch.equal(whole["topk_rows"], out["topk_rows"])
 
 
+def test_chunked_launches_report_one_summed_cost(a5sim):
+    """Chunks run one after another on one rank: one cost record whose time is their sum
+    (the runner takes the max over records, which are parallel ranks)."""
+    inputs = registry.get(ENTRY).build_inputs(CHUNKED.config, CHUNKED)
+    produced = entry_mod.kernel_sut()(a5sim, CHUNKED.config, CHUNKED, inputs)
+    assert len(produced.costs) == 1 and produced.costs[0]["launches"] == 3
+    assert produced.costs[0]["aicore_e2e_us"] > 0
+
+
 def test_budget_keeps_at_least_one_row():
     cfg = CHUNKED.config
     assert entry_mod.budget_for(cfg, MIXED, None) == 512 * 2 ** 20
