@@ -38,6 +38,7 @@ from harness.compare import (MXFP4_CACHE_MAX_REL_L2, MXFP8_CACHE_MAX_REL_L2, che
                              check_dequantized_rows, check_non_owned_bytes, check_replicas, check_row_bound,
                              check_sentinel, check_state_ring, check_topk, check_zero_rows)
 from harness.entries import attention_fixture as fixture
+from harness.entries import attention_kernels as kernels
 from harness.entries import attention_paths as paths
 from harness.fixtures import SENTINEL
 from harness.registry import Entry, register
@@ -208,12 +209,32 @@ def _matrix(name: str, phase: str, support: Support) -> tuple[tuple[Case, ...], 
     return tuple(cases), slow
 
 
-def _make(spec: ModeSpec, phase: str) -> Entry:
-    name = f"{phase}_{spec.mode.value}"
+def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
+    """The kernel leaf's cases: the contract's leaf split (2,2) in both wirings (kinds
+    ``masked``: a disabled state block and a request without prefix; ``sink``) and a
+    reserved-capacity TP4 case (33 rows, 31 active, 6 requests, 2 epochs, long prefixes);
+    FLASH T=192 at one TP4 group under ``slow``."""
+    base = Case(entry=name, tokens=8, requests=3)
+    cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "leaf"), ("masked", "sink"))]
+    cases.append(base.with_(tp=4, tokens=33, active_tokens=31, requests=6, epochs=2, kind="long"))
+    slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),)
+    return tuple(cases), slow
+
+
+def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
+    """The entry of ``spec``'s mode in ``phase``: ``sut="kernel"`` the v41 leaf
+    ``decode_attn_<mode>`` (:mod:`harness.entries.attention_kernels`); otherwise the
+    golden-alt recomposition (decode: ``golden_alt_decode_attn_<mode>``, prefill:
+    ``prefill_<mode>`` until its kernels exist)."""
+    kernel = sut == "kernel"
+    if phase == "decode":
+        name = f"decode_attn_{spec.mode.value}" if kernel else f"golden_alt_decode_attn_{spec.mode.value}"
+    else:
+        name = f"{phase}_{spec.mode.value}"
     wirings = ("replicated", "sharded") if phase == "decode" else ("replicated",)
     support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings, kinds=KINDS,
                       inactive_rows=True)
-    matrix, slow = _matrix(name, phase, support)
+    matrix, slow = _leaf_matrix(name, support) if kernel else _matrix(name, phase, support)
 
     def layer(config):
         return config.representative_layer(spec.mode)
@@ -230,21 +251,28 @@ def _make(spec: ModeSpec, phase: str) -> Entry:
         with paths.small_shape_threads(config):
             return compare(spec, config, case, inputs, gold, actual)
 
-    def sut(platform, config, case, inputs):
+    def alternate(platform, config, case, inputs):
         with paths.small_shape_threads(config):
             return paths.alternate(layer(config))(platform, config, case, inputs)
 
+    def kernel_path(platform, config, case, inputs):
+        with paths.small_shape_threads(config):
+            return kernels.kernel_sut(layer(config))(platform, config, case, inputs)
+
+    what = "v41 building-block kernels per rank" if kernel else "golden pieces per rank (golden-alt)"
     return register(Entry(
         name=name,
-        description=f"{phase} {spec.mode.value} attention half-layer at the preset's representative layer: "
-                    f"output, Top-K rows and every cache tensor by ownership, DP groups independent",
+        description=f"{phase} {spec.mode.value} attention half-layer at the preset's representative layer "
+                    f"({what}): output, Top-K rows and every cache tensor by ownership, DP groups independent",
         support=support, matrix=matrix, slow_cases=slow,
         build_inputs=build_inputs, golden=golden, compare=compare_case,
-        alternate=sut,
-        alternate_label=f"{name}: per-rank golden pieces via host transports "
-                        f"({'all-reduce' if phase == 'prefill' else 'all-reduce / all-gather+reduce-scatter'}), "
-                        f"tiny chunk budgets",
+        kernels={"a5sim": kernel_path, "a5": kernel_path} if kernel else {},
+        alternate=None if kernel else alternate,
+        alternate_label="" if kernel else
+        f"{name}: per-rank golden pieces via host transports "
+        f"({'all-reduce' if phase == 'prefill' else 'all-reduce / all-gather+reduce-scatter'}), tiny chunk budgets",
     ))
 
 
-ENTRIES = {e.name: e for e in (_make(s, p) for p in ("decode", "prefill") for s in MODES)}
+ENTRIES = {e.name: e for e in ([_make(s, "decode", "kernel") for s in MODES]
+                               + [_make(s, p) for p in ("decode", "prefill") for s in MODES])}

@@ -122,7 +122,7 @@ def _pages(lengths: list[int], per_page: int) -> list[int]:
 
 def group_meta(config: V41Config, case, g: int) -> dict:
     """Metadata tensors of DP group ``g`` (see the module doc)."""
-    decode = case.entry.startswith("decode_")
+    decode = "decode_" in case.entry
     bs, B = config.cache.block_size, case.requests
     lens = _query_lens(case, g)
     kv = _prefix_lens(config, case, g, decode)

@@ -138,8 +138,14 @@ def rank_partial(config: V41Config, layer: int, x, w, caches, batch, rope, tp: i
     return o_proj_partial(o, rc, rs, wl.o, config), topk
 
 
-def _group_alternate(config, case, inputs, g: int, layer: int) -> dict:
+def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None) -> dict:
+    """Group ``g`` through ``partial_fn(config, layer, x, w, caches, batch, rope, tp, rank,
+    active, epoch)`` per rank (default: the golden pieces, :func:`rank_partial`) and the host
+    transports of the case's wiring, ``case.epochs`` times."""
     T, tp, active, hidden = case.tokens, case.tp, case.active, config.hidden_size
+    if partial_fn is None:
+        def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
+            return rank_partial(config, layer, x, w, caches, batch, rope, tp, rank, active)
     group = TpGroup(tp, T, hidden)
     sharded = case.wiring == "sharded"
     for epoch in range(1, case.epochs + 1):
@@ -153,8 +159,8 @@ def _group_alternate(config, case, inputs, g: int, layer: int) -> dict:
             gathered = [group.all_gather(epoch, active) for _ in range(tp)]
         topks = []
         for r, (w, rope, batch, caches, x) in enumerate(states):
-            partial, topk = rank_partial(config, layer, gathered[r] if sharded else x, w, caches, batch,
-                                         rope, tp, r, active)
+            partial, topk = partial_fn(config, layer, gathered[r] if sharded else x, w, caches, batch,
+                                       rope, tp, r, active, epoch)
             topks.append(topk)
             (group.publish_partial if sharded else group.publish_reduce)(r, epoch, partial)
         if sharded:
@@ -175,10 +181,12 @@ def _group_alternate(config, case, inputs, g: int, layer: int) -> dict:
     return result
 
 
-def alternate(layer: int):
-    """The SUT function of the entry for ``layer`` (see the module doc)."""
+def alternate(layer: int, partial_fn=None, records=None):
+    """The SUT function of the entry for ``layer`` (see the module doc); ``partial_fn``
+    replaces the per-rank golden pieces (the kernel path), whose cost ``records()`` are
+    returned with the outputs."""
     def run(platform, config, case, inputs) -> SutOutput:
-        groups = [_group_alternate(config, case, inputs, g, layer) for g in range(case.dp)]
+        groups = [_group_alternate(config, case, inputs, g, layer, partial_fn) for g in range(case.dp)]
         out = inputs["out"]  # the sentinel-filled buffer: every row is written
         for g, res in enumerate(groups):
             out[g] = res.pop("out")
@@ -187,7 +195,7 @@ def alternate(layer: int):
         result = {"out": out, **stacked}
         for res in groups:
             result.update(res)
-        return SutOutput(result)
+        return SutOutput(result, records() if records else [])
     return run
 
 

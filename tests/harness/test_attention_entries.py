@@ -50,25 +50,32 @@ def failed(result) -> set[tuple[str, str]]:
 
 def test_every_entry_is_registered_with_its_matrix():
     modes = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
-    assert set(attention.ENTRIES) == {f"{p}_{m}" for p in ("decode", "prefill") for m in modes}
+    assert set(attention.ENTRIES) == ({f"prefill_{m}" for m in modes} | {f"decode_attn_{m}" for m in modes}
+                                      | {f"golden_alt_decode_attn_{m}" for m in modes})
     for name, entry in attention.ENTRIES.items():
         combos = {(c.tp, c.dp, c.wiring) for c in entry.matrix}
         reserved = [c for c in entry.matrix if c.active < c.tokens]
         assert reserved and all(c.tp == 4 for c in reserved), name
-        if name.startswith("decode_"):
+        if name.startswith("decode_attn_"):  # the kernel leaf: (2,2) in both wirings
+            assert set(entry.kernels) == {"a5sim", "a5"} and entry.alternate is None
+            assert {(2, 2, "replicated"), (2, 2, "sharded")} <= combos
+            assert [(c.tp, c.tokens, c.preset) for c in entry.slow_cases] == [(4, 192, "flash")]
+        elif "decode" in name:
+            assert not entry.kernels and entry.alternate is not None
             assert {(1, 1, "replicated"), (1, 1, "sharded"), (4, 1, "replicated"),
                     (4, 1, "sharded")} <= combos and any(c[:2] == (2, 2) for c in combos)
             assert [(c.tp, c.tokens, c.preset) for c in entry.slow_cases] == [(4, 192, "flash")]
         else:
             assert {(1, 1, "replicated"), (4, 1, "replicated")} <= combos
             assert entry.support.wirings == ("replicated",)
-        assert set(entry.support.kinds) == {c.kind for c in entry.matrix}, name
+        if not name.startswith("decode_attn_"):
+            assert set(entry.support.kinds) == {c.kind for c in entry.matrix}, name
 
 
 def test_fixture_is_deterministic_flat_and_nonidentity():
-    case = _case("decode_c1a_reindex", dp=2, tp=2)
+    case = _case("golden_alt_decode_attn_c1a_reindex", dp=2, tp=2)
     config = case.config
-    entry = registry.get("decode_c1a_reindex")
+    entry = registry.get("golden_alt_decode_attn_c1a_reindex")
     a, b = entry.build_inputs(config, case), entry.build_inputs(config, case)
     assert a.keys() == b.keys() and all(isinstance(t, torch.Tensor) for t in a.values())
     assert all(torch.equal(a[k].view(torch.uint8) if a[k].element_size() == 1 else a[k],
@@ -86,7 +93,7 @@ def test_fixture_is_deterministic_flat_and_nonidentity():
 def test_a_wrong_output_row_fails_the_row_bound(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out"][0, 2] *= 1.5
-    bad = failed(run_broken(monkeypatch, "decode_c1a_full", mutate))
+    bad = failed(run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", mutate))
     assert ("g0.out", "row_rms") in bad and ("g0.out", "row_peak") in bad
     assert all(o == "g0.out" for o, _ in bad)
 
@@ -103,7 +110,7 @@ def test_a_wrong_row_of_the_second_dp_group_fails_the_c2a_budget(monkeypatch):
 def test_a_non_zero_padding_row_fails(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out"][0, 32, 5] = 1.0
-    result = run_broken(monkeypatch, "decode_swa", mutate, tp=4, tokens=33, active_tokens=31,
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", mutate, tp=4, tokens=33, active_tokens=31,
                         requests=6, wiring="sharded")
     assert failed(result) == {("g0.out", "zero_rows")}
     assert next(v for v in result.verdicts if not v.passed).row == 32
@@ -115,9 +122,9 @@ def test_a_missing_write_leaves_the_sentinel(monkeypatch):
     assert ("g0.out", "sentinel") in failed(run_broken(monkeypatch, "prefill_swa", mutate))
 
 
-@pytest.mark.parametrize("entry,key", [("decode_c2a_reuse", "g0.cache.compressed_kv.L2"),
-                                       ("decode_c1a_reindex", "g0.cache.topk_rows.L6"),
-                                       ("decode_swa", "g0.cache.window_kv.L1")])
+@pytest.mark.parametrize("entry,key", [("golden_alt_decode_attn_c2a_reuse", "g0.cache.compressed_kv.L2"),
+                                       ("golden_alt_decode_attn_c1a_reindex", "g0.cache.topk_rows.L6"),
+                                       ("golden_alt_decode_attn_swa", "g0.cache.window_kv.L1")])
 def test_a_write_to_a_non_owned_cache_fails(monkeypatch, entry, key):
     def mutate(config, case, inputs, out):
         out[key].view(torch.uint8).view(-1)[7] ^= 0x10
@@ -131,7 +138,7 @@ def test_a_write_outside_the_published_slots_of_an_owned_cache_fails(monkeypatch
         table = inputs["g0.meta.window_block_table"]
         spare = min(set(range(out[key].shape[0])) - set(table[table >= 0].tolist()))
         out[key][spare, 0] += 1  # a row of a block nobody addresses
-    result = run_broken(monkeypatch, "decode_swa", mutate)
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", mutate)
     assert failed(result) == {(key, "exact_bytes")}
 
 
@@ -140,7 +147,7 @@ def test_a_corrupted_state_ring_slot_fails(monkeypatch):
 
     def mutate(config, case, inputs, out):
         out[key] += 0.5  # every slot: written ones exceed the bound, the rest change bytes
-    bad = failed(run_broken(monkeypatch, "decode_c2a_full", mutate))
+    bad = failed(run_broken(monkeypatch, "golden_alt_decode_attn_c2a_full", mutate))
     assert {(key, "state_rows"), (key, "exact_bytes")} <= bad
 
 
@@ -148,7 +155,7 @@ def test_a_duplicate_topk_entry_fails_acceptance(monkeypatch):
     def mutate(config, case, inputs, out):
         out["topk"][0, 0, 1] = out["topk"][0, 0, 0]
         out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
-    result = run_broken(monkeypatch, "decode_c1a_full", mutate)
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", mutate)
     assert ("g0.topk", "topk_unique") in failed(result)
     unique = next(v for v in result.verdicts if v.check == "topk_unique")
     assert unique.failing_rows == (0,)
@@ -157,34 +164,34 @@ def test_a_duplicate_topk_entry_fails_acceptance(monkeypatch):
 def test_reuse_must_attend_to_the_source_rows(monkeypatch):
     def mutate(config, case, inputs, out):
         out["topk"][0] = out["topk"][0].roll(1, dims=0)
-    assert ("g0.topk", "exact_bytes") in failed(run_broken(monkeypatch, "decode_c1a_reuse", mutate))
+    assert ("g0.topk", "exact_bytes") in failed(run_broken(monkeypatch, "golden_alt_decode_attn_c1a_reuse", mutate))
 
 
 def test_replicas_must_be_byte_identical(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out_ranks"][0, 3, 1, 0] += 1
-    result = run_broken(monkeypatch, "decode_swa", mutate, tp=4)
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", mutate, tp=4)
     assert failed(result) == {("g0.out_ranks", "replica_bytes")}
 
 
 def test_rank_outputs_must_come_back(monkeypatch):
     def drop(config, case, inputs, out):
         del out["out_ranks"], out["topk_ranks"]
-    result = run_broken(monkeypatch, "decode_c1a_full", drop, tp=4)
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", drop, tp=4)
     assert {c for _, c in failed(result)} == {"present"}
 
 
 def test_identical_garbage_in_every_rank_fails(monkeypatch):
     def garbage(config, case, inputs, out):
         out["out_ranks"].fill_(7.0)
-    result = run_broken(monkeypatch, "decode_swa", garbage, tp=4)
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", garbage, tp=4)
     assert failed(result) == {("g0.out_ranks[0]", "exact_bytes")}
 
 
 def test_sharded_slab_tail_must_come_back(monkeypatch):
     def drop(config, case, inputs, out):
         del out["out_slab_tail"]
-    result = run_broken(monkeypatch, "decode_swa", drop, tp=4, wiring="sharded")
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", drop, tp=4, wiring="sharded")
     assert failed(result) == {("out_slab_tail", "present")}
 
 
@@ -207,7 +214,7 @@ def test_an_accepted_other_selection_is_judged_against_its_own_reference(monkeyp
     accepted = TopKResult((Verdict("g0.topk", "topk_forced", True, None, 0.0, 0.0, 0.0, "forced"),),
                           True, (0,))
     monkeypatch.setattr(attention, "check_topk", lambda *a, **k: accepted)
-    base = registry.get("decode_c1a_full")
+    base = registry.get("golden_alt_decode_attn_c1a_full")
 
     def consistent(config, case, inputs, out):
         from harness.entries.attention_paths import selected_output
@@ -222,13 +229,13 @@ def test_an_accepted_other_selection_is_judged_against_its_own_reference(monkeyp
         _swap_one(out, 0)
         out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
 
-    assert run_broken(monkeypatch, "decode_c1a_full", consistent).status == "pass"
-    bad = failed(run_broken(monkeypatch, "decode_c1a_full", nominal_output))
+    assert run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", consistent).status == "pass"
+    bad = failed(run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", nominal_output))
     assert ("g0.out", "row_rms") in bad
 
 
 def test_a_saved_case_replays(tmp_path):
-    case = _case("decode_c1a_reindex", tp=2, wiring="sharded")
+    case = _case("golden_alt_decode_attn_c1a_reindex", tp=2, wiring="sharded")
     result = run_case(case, save_root=str(tmp_path))
     assert result.status == "pass", result.failure_text()
     replayed = replay_folder(result.data_dir, expect_wiring="sharded", rerun=True)

@@ -107,8 +107,8 @@ def test_list_json_of_the_real_registry():
                        text=True, check=True)
     listed = {e["name"]: e for e in json.loads(p.stdout)}
     assert listed["rmsnorm"]["sut"] == "kernel" and listed["rmsnorm"]["phase"] == "prefill"
-    assert listed["decode_c1a_full"]["sut"] == "golden-alt"
-    assert listed["decode_c1a_full"]["phase"] == "decode"
+    assert listed["golden_alt_decode_attn_c1a_full"]["sut"] == "golden-alt"
+    assert listed["golden_alt_decode_attn_c1a_full"]["phase"] == "decode"
     assert len(listed["rmsnorm"]["cases"]) == len(registry.get("rmsnorm").matrix)
 
 

@@ -1,0 +1,106 @@
+"""a5sim: the six ``decode_attn_<mode>`` kernel leaves.  Per mode, one real run of the v41
+kernels (TP2, 8 rows with 7 active, replicated) is compared as produced (it passes) and
+with one defect at a time, each caught by the verdict that names it: a corrupted output
+row, a write outside the mode's cache ownership, a non-zero inactive row; a rank whose
+partial never reaches the transport window fails the run naming the stale rank; bad
+metadata is refused on the host before anything is compiled or launched.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from goldens.config import Mode
+from harness import registry
+from harness.case import Case
+from harness.entries._kernel import run_with
+from harness.fixtures import SENTINEL, clone_tensors
+from harness.transport import TpGroup, TransportError
+from harness.verdict import all_passed
+from platform_stubs import NoLaunch
+
+MODES = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
+
+
+def _case(mode: str) -> Case:
+    return Case(entry=f"decode_attn_{mode}", tp=2, tokens=8, active_tokens=7, requests=3, seed=3)
+
+
+def failing(verdicts) -> set[tuple[str, str]]:
+    return {(v.output, v.check) for v in verdicts if not v.passed}
+
+
+@pytest.fixture(scope="module")
+def runs(a5sim):
+    """mode -> (case, inputs, golden, kernel outputs): one kernel run per mode."""
+    done = {}
+
+    def get(mode):
+        if mode not in done:
+            case = _case(mode)
+            sut = registry.get(case.entry).kernels["a5sim"]
+            verdicts, out, gold = run_with(a5sim, case, sut)
+            done[mode] = (case, verdicts, out, gold)
+        return done[mode]
+    return get
+
+
+def _compare(case, out, gold):
+    entry = registry.get(case.entry)
+    return entry.compare(case.config, case, entry.build_inputs(case.config, case), gold, out)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(runs, mode):
+    case, verdicts, out, gold = runs(mode)
+    assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
+
+    bad = clone_tensors(out)
+    bad["out"][0, 1] *= 1.5  # a corrupted kernel output row (C2A: the C2A budget)
+    check = "row_rel_l2" if mode.startswith("c2a") else "row_rms"
+    assert {("g0.out", check)} <= failing(_compare(case, bad, gold))
+
+    bad = clone_tensors(out)
+    layer = case.config.representative_layer(Mode(mode))
+    near = layer + 1 if layer + 1 < case.config.num_layers else layer - 1
+    key = f"g0.cache.window_kv.L{near}"  # the neighbour's window: never this mode's
+    bad[key].view(torch.uint8).view(-1)[5] ^= 0x10
+    assert failing(_compare(case, bad, gold)) == {(key, "exact_bytes")}
+
+    bad = clone_tensors(out)
+    bad["out"][0, 7, 3] = 1.0  # the inactive row must stay zero (on every rank's copy)
+    bad["out_ranks"][0, :, 7, 3] = 1.0
+    assert failing(_compare(case, bad, gold)) == {("g0.out", "zero_rows"), ("g0.out_ranks", "zero_rows")} \
+        or failing(_compare(case, bad, gold)) == {("g0.out", "zero_rows")}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stale_transport_window_fails_naming_the_rank(a5sim, runs, monkeypatch, mode):
+    runs(mode)  # the launches are reused (same inputs): this run costs the host work only
+    publish = TpGroup.publish_reduce
+
+    def drop_rank1(self, rank, epoch, partial):
+        if rank != 1:
+            publish(self, rank, epoch, partial)
+    monkeypatch.setattr(TpGroup, "publish_reduce", drop_rank1)
+    case = _case(mode)
+    with pytest.raises(TransportError, match=r"ranks \[1\] have not published"):
+        run_with(a5sim, case, registry.get(case.entry).kernels["a5sim"])
+
+
+@pytest.mark.parametrize("mode", ("swa", "c2a_full", "c1a_reindex"))
+def test_bad_metadata_is_refused_before_any_launch(mode):
+    case = _case(mode)
+    entry = registry.get(case.entry)
+    inputs = entry.build_inputs(case.config, case)
+    table = inputs["g0.meta.window_block_table"]
+    blocks = inputs[f"g0.cache.window_kv.L{case.config.representative_layer(Mode(mode))}"].shape[0]
+    table[table >= 0] = table[table >= 0] + blocks  # every page past the window cache
+    before = clone_tensors(inputs)
+    with pytest.raises(ValueError, match=r"window_slots\[\d+\]: \d+ is past the cache"):
+        entry.kernels["a5sim"](NoLaunch(), case.config, case, inputs)
+    assert bool((inputs["out"] == SENTINEL).all())
+    for k, v in before.items():
+        assert torch.equal(v.view(torch.uint8) if v.element_size() == 1 else v,
+                           inputs[k].view(torch.uint8) if inputs[k].element_size() == 1 else inputs[k]), k
