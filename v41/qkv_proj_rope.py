@@ -44,6 +44,7 @@ qr            (tokens, q_lora_rank)               bfloat16  out
 # parameter annotations as objects.
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.rope_heads import store_rope_head
 
 ROW_TILE = 32  # tokens per row tile (the weights are decoded once per row tile)
 N_TILE = 128  # weight output rows decoded per tile
@@ -95,24 +96,9 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     FP32 ``weight [1, n]`` (``apply=False`` returns ``y32`` unchanged: a wrong variant)."""
     if not apply:
         return y32
-    pypto.set_vec_tile_shapes(min(rows, 8), n)
+    pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
     ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
-
-
-def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
-                    head_dim, rope_dim):
-    """Write one head ``y_bf16 [rows, head_dim]`` to ``out`` at ``[start, col]``: the NoPE
-    channels as they are, the rope tail rotated (:func:`v41.rope_tail.rotate_tail`)."""
-    nope = head_dim - rope_dim
-    pypto.set_vec_tile_shapes(min(rows, 16), head_dim)
-    pypto.assemble(pypto.view(y_bf16, [rows, nope], [0, 0], valid_shape=[valid, nope]),
-                   [start, col], out)
-    tail = pypto.view(y_bf16, [rows, rope_dim], [0, nope], valid_shape=[valid, rope_dim])
-    rot = rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim)
-    pypto.set_vec_tile_shapes(min(rows, 16), rope_dim)
-    pypto.assemble(pypto.view(rot, [rows, rope_dim], [0, 0], valid_shape=[valid, rope_dim]),
-                   [start, col + nope], out)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -162,7 +148,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
             sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
             factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
-            pypto.set_vec_tile_shapes(min(rows, 8), hidden)
+            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
             x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), fp32)
             xq = [(mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden), hidden)]

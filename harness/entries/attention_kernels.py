@@ -36,7 +36,8 @@ import torch
 
 from goldens.config import Mode, V41Config, local_heads
 from goldens.qkv import local_wq_b
-from harness.entries import compressor_ratio1, compressor_ratio2, paged_indexer, rope_rows
+from harness.entries import (compressor_ratio1, compressor_ratio2, index_query, o_proj, paged_indexer,
+                             qkv_proj_rope, rope_rows)
 from harness.entries import hierarchical_sparse_indexer as hierarchical
 from harness.entries import sparse_attention as sparse
 from harness.entries import window_publish
@@ -108,6 +109,22 @@ class RankLauncher:
         if key is not None:
             self.memo.put(key, ({k: v.clone() for k, v in result.outputs.items()}, record))
         return dict(result.outputs)
+
+    def rows(self, module: str, axes: dict, n: int, chunk: int, row_args: dict, args: dict, *,
+             num_tokens: bool = False) -> dict:
+        """``module`` over ``n`` row-independent tokens in launches of at most ``chunk``
+        rows on a5sim (interpreter memory; one launch elsewhere): ``row_args`` are sliced
+        per launch, ``args`` shared, ``num_tokens`` (if the ABI has it) the launch's rows.
+        Returns every output concatenated over the rows."""
+        step = n if getattr(self.platform, "name", "a5sim") != "a5sim" else chunk
+        parts = []
+        for t0 in range(0, n, step):
+            m = min(step, n - t0)
+            call = {**args, **{k: v[t0:t0 + m].contiguous() for k, v in row_args.items()}}
+            if num_tokens:
+                call["num_tokens"] = torch.tensor([m], dtype=_I32)
+            parts.append(self(module, {**axes, "tokens": m}, call))
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def cost(self) -> list:
         return [sequential_cost(self.records)] if self.records else []
@@ -202,10 +219,10 @@ def _select(launch: RankLauncher, config, layer, lc, x, qr, w, md, batch, rope, 
     sc, table = caches.sources[src], batch.compressed_block_tables[src]
     ix, bs = config.index, config.cache.block_size
     ccos, csin = _rope(launch, rope.compressed_cos, rope.compressed_sin, md.position_ids[:n], n)
-    iq = launch("v41.index_query", {"tokens": n},
-                {"qr": qr, "rope_cos": ccos, "rope_sin": csin, "wq_b": _u8(w.wq_b),
-                 "wq_b_scale": w.wq_b_scale, "x": x, "weights_proj": w.weights_proj,
-                 "num_tokens": torch.tensor([n], dtype=_I32)})
+    iq = launch.rows("v41.index_query", {}, n, index_query.A5SIM_CHUNK,
+                     {"qr": qr, "rope_cos": ccos, "rope_sin": csin, "x": x},
+                     {"wq_b": _u8(w.wq_b), "wq_b_scale": w.wq_b_scale, "weights_proj": w.weights_proj},
+                     num_tokens=True)
     width = table.shape[1] * bs
     mask = None
     if lc.mode is Mode.C1A_REINDEX:
@@ -294,11 +311,11 @@ def rank_partial(launch: RankLauncher, config: V41Config, layer: int, x, w, cach
                   caches.states.get(lc.kv_source), n)
     qkv, wl = w.attn.qkv, w.attn.shard(config, tp, rank)
     wq_b, wq_b_scale = local_wq_b(_u8(qkv.wq_b), qkv.wq_b_scale, config, tp, rank)
-    proj = launch("v41.qkv_proj_rope", {"tokens": n, "tp": tp},
-                  {"x": xa, "rope_cos": rc, "rope_sin": rs, "wq_a": _u8(qkv.wq_a),
-                   "wq_a_scale": qkv.wq_a_scale, "q_norm": qkv.q_norm, "wq_b": wq_b.contiguous(),
-                   "wq_b_scale": wq_b_scale.contiguous(), "wkv": _u8(qkv.wkv),
-                   "wkv_scale": qkv.wkv_scale, "kv_norm": qkv.kv_norm})
+    proj = launch.rows("v41.qkv_proj_rope", {"tp": tp}, n, qkv_proj_rope.A5SIM_CHUNK,
+                       {"x": xa, "rope_cos": rc, "rope_sin": rs},
+                       {"wq_a": _u8(qkv.wq_a), "wq_a_scale": qkv.wq_a_scale, "q_norm": qkv.q_norm,
+                        "wq_b": wq_b.contiguous(), "wq_b_scale": wq_b_scale.contiguous(), "wkv": _u8(qkv.wkv),
+                        "wkv_scale": qkv.wkv_scale, "kv_norm": qkv.kv_norm})
     topk = None
     if lc.mode in _INDEXED:
         topk = _select(launch, config, layer, lc, xa, proj["qr"], w.indexer, md, batch, rope, caches, n)
@@ -314,10 +331,10 @@ def rank_partial(launch: RankLauncher, config: V41Config, layer: int, x, w, cach
     heads = local_heads(config, tp)
     o = _attend(launch, config, tp, proj["q"].reshape(n, heads, hd), wc, md,
                 caches.sources.get(lc.kv_source) if topk is not None else None, topk, wl.attn_sink, n)
-    part = launch("v41.o_proj", {"tokens": n, "tp": tp},
-                  {"attn_out": o.reshape(n, heads * hd), "rope_cos": rc, "rope_sin": rs,
-                   "wo_a": wl.o.wo_a.reshape(-1, config.o_group_in).contiguous(),
-                   "wo_b": _u8(wl.o.wo_b).contiguous(), "wo_b_scale": wl.o.wo_b_scale.contiguous()})
+    part = launch.rows("v41.o_proj", {"tp": tp}, n, o_proj.A5SIM_CHUNK,
+                       {"attn_out": o.reshape(n, heads * hd), "rope_cos": rc, "rope_sin": rs},
+                       {"wo_a": wl.o.wo_a.reshape(-1, config.o_group_in).contiguous(),
+                        "wo_b": _u8(wl.o.wo_b).contiguous(), "wo_b_scale": wl.o.wo_b_scale.contiguous()})
     partial[:n] = part["partial"]
     if topk_full is not None:
         topk_full[:n] = topk

@@ -138,10 +138,16 @@ def rank_partial(config: V41Config, layer: int, x, w, caches, batch, rope, tp: i
     return o_proj_partial(o, rc, rs, wl.o, config), topk
 
 
-def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None) -> dict:
+def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None, site=None) -> dict:
     """Group ``g`` through ``partial_fn(config, layer, x, w, caches, batch, rope, tp, rank,
     active, epoch)`` per rank (default: the golden pieces, :func:`rank_partial`) and the host
-    transports of the case's wiring, ``case.epochs`` times."""
+    transports of the case's wiring, ``case.epochs`` times.
+
+    ``site`` (an mHC composition around the leaf) supplies each rank's normalized input,
+    ``site.prepare(rank, epoch)``: ``[T, D]`` replicated, the rank's capacity slab
+    ``[width, D]`` sharded; and takes each rank's output, ``site.finish(rank, epoch, y)``
+    (the all-reduced ``[T, D]`` / the reduce-scattered slab).  Without it every rank's input
+    is ``g{g}.x``."""
     T, tp, active, hidden = case.tokens, case.tp, case.active, config.hidden_size
     if partial_fn is None:
         def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
@@ -150,26 +156,32 @@ def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None) 
     sharded = case.wiring == "sharded"
     for epoch in range(1, case.epochs + 1):
         states = [group_state(config, case, inputs, g, layer) for _ in range(tp)]
+        xs = [site.prepare(r, epoch) if site else None for r in range(tp)]
         if sharded:  # each rank holds only its slab of the normalized input
             for r, (_, _, _, _, x) in enumerate(states):
                 first, count = rank_slab(active, tp, r, T)
                 slab = torch.zeros(group.width, hidden, dtype=torch.bfloat16)
-                slab[:count] = x[first:first + count]
+                slab[:count] = xs[r][:count] if site else x[first:first + count]
                 group.publish_gather(r, epoch, slab)
             gathered = [group.all_gather(epoch, active) for _ in range(tp)]
         topks = []
         for r, (w, rope, batch, caches, x) in enumerate(states):
-            partial, topk = partial_fn(config, layer, gathered[r] if sharded else x, w, caches, batch,
-                                       rope, tp, r, active, epoch)
+            x_in = gathered[r] if sharded else (xs[r] if site else x)
+            partial, topk = partial_fn(config, layer, x_in, w, caches, batch, rope, tp, r, active, epoch)
             topks.append(topk)
             (group.publish_partial if sharded else group.publish_reduce)(r, epoch, partial)
         if sharded:
-            slabs = torch.cat([group.reduce_scatter(r, epoch, active) for r in range(tp)])
+            per_rank = [group.reduce_scatter(r, epoch, active) for r in range(tp)]
+            slabs = torch.cat(per_rank)
             ranks = [slabs[:T]]
         else:
             ranks = [group.all_reduce(epoch, T) for _ in range(tp)]
             for out in ranks:
                 out[active:] = 0  # padding rows are zero (zero_bf16_padding)
+            per_rank = ranks
+        if site:
+            for r in range(tp):
+                site.finish(r, epoch, per_rank[r])
     result = {"out": ranks[0], **caches_flat(config, states[0][3], g)}
     if sharded:
         result["out_slab_tail"] = slabs[T:]

@@ -1,0 +1,259 @@
+"""``decode_<mode>``: the mHC composition around the ``decode_attn_<mode>`` leaf, on v41
+kernels (the contract's "Decode composition").
+
+Per DP group and epoch, every TP rank launches ``v41.hc_mixes`` (this site's pre / post /
+comb from its input lanes), ``v41.hc_pre`` (collapse with the INCOMING delayed pre-mix),
+``v41.rmsnorm`` (``attn_norm``), the leaf's kernels (:mod:`harness.entries.attention_kernels`)
+and ``v41.hc_post``.  Replicated: each rank runs the mHC kernels over every row and gets the
+all-reduced attention output.  Sharded: each rank runs them over its capacity slab only
+(the residual stream never crosses the group); the normalized slab is all-gathered, the
+FP32 partials reduce-scattered back to slabs.
+
+Fixture: the leaf's (``attention_fixture``) plus, per group, residual lanes ``g{g}.x_hc``
+FP32 ``[T, hc, D]`` (BF16 values) and the incoming pre-mix ``g{g}.pre_in`` FP32 ``[T, hc]``
+(kind ``first``: the first site's one-hot lane 0, :func:`goldens.mhc.initial_pre_mix`);
+the site's ``w.hc.{fn,scale,base}`` and BF16 ``w.attn_norm``.  Outputs: ``x_hc_out``
+``[dp, T, hc, D]``, ``pre_out`` ``[dp, T, hc]`` (fully written), ``attention_output``
+``[dp, T, D]`` BF16, a caller-initialized InOut (sentinel): the active rows are the
+half-layer output, the inactive rows unchanged.  The leaf's own outputs (``out``, Top-K,
+caches) are compared as the leaf's entry compares them.
+
+Golden: ``goldens.mhc.hc_mixes``, ``hc_pre``, ``goldens.norm.rms_norm``, the leaf golden
+on that input (``goldens.modes.attention_half_layer``), ``hc_post``.  Comparison: the leaf's
+checks on ``out``; ``pre_out`` by the per-row bound; ``x_hc_out`` by the per-row bound
+against ``hc_post`` REPLAYED on the SUT's own attention output with the golden mixes (the
+contract's replay, so an attention difference inside its budget is not charged twice);
+``attention_output`` byte-equal to ``out`` on active rows and to its input elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from goldens.mhc import HcSiteWeights, hc_mixes, hc_post, hc_pre, initial_pre_mix
+from goldens.norm import rms_norm
+from harness.case import Case, Support, standard_matrix
+from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
+from harness.entries import attention, attention_kernels
+from harness.entries import attention_fixture as fixture
+from harness.entries import attention_paths as paths
+from harness.entries.hc_pre import pre_mix, residual_lanes
+from harness.fixtures import SENTINEL, randn, sentinel, uniform
+from harness.registry import Entry, SutOutput, register
+
+KINDS = ("mixed", "long", "masked", "first")
+
+
+# ---- fixture and golden ----------------------------------------------------------------------
+
+def build_inputs(config, case, layer: int) -> dict:
+    leaf_case = case.with_(kind="mixed" if case.kind == "first" else case.kind)
+    flat = fixture.build_inputs(config, leaf_case, layer)
+    hc, T, d = config.hc.hc_mult, case.tokens, config.hidden_size
+    for g in range(case.dp):
+        gc = case.with_(seed=case.seed + 101 * g)
+        flat[f"g{g}.x_hc"] = residual_lanes(config, gc, "site_x_hc")
+        flat[f"g{g}.pre_in"] = initial_pre_mix(T, config) if case.kind == "first" else pre_mix(config, gc)
+        flat.pop(f"g{g}.x")  # the composition computes the leaf's input
+    mix, hc_dim = config.mix_hc, config.hc_dim
+    flat["w.hc.fn"] = randn((mix, hc_dim), case.seed, "site_fn", scale=hc_dim ** -0.5)
+    flat["w.hc.scale"] = uniform((3,), case.seed, "site_scale", 0.5, 2.0)
+    flat["w.hc.base"] = randn((mix,), case.seed, "site_base")
+    flat["w.attn_norm"] = (1.0 + randn((d,), case.seed, "attn_norm", scale=0.1)).to(torch.bfloat16)
+    flat["attention_output"] = sentinel((case.dp, T, d))
+    flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32)
+    flat["pre_out"] = sentinel((case.dp, T, hc), torch.float32)
+    return flat
+
+
+def _site(inputs) -> HcSiteWeights:
+    return HcSiteWeights(inputs["w.hc.fn"], inputs["w.hc.scale"], inputs["w.hc.base"])
+
+
+def golden(config, case, inputs, layer: int) -> dict:
+    leaf_inputs, mixes = dict(inputs), []
+    for g in range(case.dp):
+        m = hc_mixes(inputs[f"g{g}.x_hc"], _site(inputs), config)
+        collapsed = hc_pre(inputs[f"g{g}.x_hc"], inputs[f"g{g}.pre_in"], config)
+        leaf_inputs[f"g{g}.x"] = rms_norm(collapsed, inputs["w.attn_norm"], config.rms_norm_eps)
+        mixes.append(m)
+    result = paths.golden(config, case, leaf_inputs, layer)
+    for g, m in enumerate(mixes):  # kept for the comparison (replays, accepted selections)
+        result[f"g{g}.x_norm"] = leaf_inputs[f"g{g}.x"]
+        result[f"g{g}.mix_post"], result[f"g{g}.mix_comb"] = m.post, m.comb
+    att = inputs["attention_output"].clone()
+    att[:, :case.active] = result["out"][:, :case.active]
+    result["attention_output"] = att
+    result["x_hc_out"] = torch.stack([hc_post(result["out"][g], inputs[f"g{g}.x_hc"], m.post, m.comb, config)
+                                      for g, m in enumerate(mixes)])
+    result["pre_out"] = torch.stack([m.pre for m in mixes])
+    return result
+
+
+def compare(spec, config, case, inputs, gold, actual) -> list:
+    leaf_inputs = {**inputs, **{f"g{g}.x": gold[f"g{g}.x_norm"] for g in range(case.dp)}}
+    verdicts = attention.compare(spec, config, case, leaf_inputs, gold, actual)
+    n = case.active
+    for name in ("x_hc_out", "pre_out", "attention_output"):
+        if name not in actual:
+            return verdicts + attention._missing(name)
+    for g in range(case.dp):
+        post, comb = gold[f"g{g}.mix_post"], gold[f"g{g}.mix_comb"]
+        replay = hc_post(actual["out"][g], inputs[f"g{g}.x_hc"], post, comb, config)
+        lanes = actual["x_hc_out"][g].reshape(-1, config.hidden_size)
+        verdicts += check_row_bound(f"g{g}.x_hc_out", lanes, replay.reshape(lanes.shape))
+        verdicts += check_sentinel(f"g{g}.x_hc_out", lanes, SENTINEL, ref=replay.reshape(lanes.shape))
+        verdicts += check_row_bound(f"g{g}.pre_out", actual["pre_out"][g], gold["pre_out"][g])
+        verdicts += check_sentinel(f"g{g}.pre_out", actual["pre_out"][g], SENTINEL, ref=gold["pre_out"][g])
+        expect = inputs["attention_output"][g].clone()
+        expect[:n] = actual["out"][g][:n]
+        verdicts += check_non_owned_bytes(f"g{g}.attention_output", actual["attention_output"][g], expect)
+    return verdicts
+
+
+# ---- kernel SUT ------------------------------------------------------------------------------
+
+class KernelSite:
+    """One DP group's mHC launches per rank and epoch (see the module doc); collects the
+    rank's launcher so the leaf's launches add to the same cost record."""
+
+    def __init__(self, platform, config, case, inputs, g: int, launchers: dict, memo):
+        self.platform, self.config, self.case, self.inputs, self.g = platform, config, case, inputs, g
+        self.launchers, self.memo = launchers, memo
+        T, tp = case.tokens, case.tp
+        self.width = -(-T // tp) if case.wiring == "sharded" else T
+        self.mixes, self.x_hc_out = {}, torch.zeros(T, config.hc.hc_mult, config.hidden_size)
+        self.pre_out = torch.zeros(T, config.hc.hc_mult)
+
+    def launcher(self, rank: int, epoch: int):
+        key = (self.g, rank, epoch)
+        if key not in self.launchers:
+            self.launchers[key] = attention_kernels.RankLauncher(self.platform, self.config, rank, self.case.preset,
+                                                                 memo=self.memo)
+        return self.launchers[key]
+
+    def rows(self, rank: int) -> tuple[int, int]:
+        """(first, count) of the capacity rows this rank's mHC kernels own."""
+        first = rank * self.width if self.case.wiring == "sharded" else 0
+        return first, max(0, min(self.width, self.case.tokens - first))
+
+    def prepare(self, rank: int, epoch: int) -> torch.Tensor:
+        cfg, inp, g = self.config, self.inputs, self.g
+        first, count = self.rows(rank)
+        x = torch.zeros(self.width, cfg.hidden_size, dtype=torch.bfloat16)
+        if count == 0:
+            return x
+        launch = self.launcher(rank, epoch)
+        x_hc = inp[f"g{g}.x_hc"][first:first + count].contiguous()
+        mixes = launch("v41.hc_mixes", {"tokens": count},
+                       {"x_hc": x_hc, "fn": inp["w.hc.fn"], "scale": inp["w.hc.scale"], "base": inp["w.hc.base"]})
+        collapsed = launch("v41.hc_pre", {"tokens": count},
+                           {"x_hc": x_hc, "pre": inp[f"g{g}.pre_in"][first:first + count].contiguous()})["y"]
+        x[:count] = launch("v41.rmsnorm", {"tokens": count}, {"x": collapsed, "weight": inp["w.attn_norm"]})["y"]
+        self.mixes[rank] = mixes
+        return x
+
+    def finish(self, rank: int, epoch: int, y: torch.Tensor) -> None:
+        first, count = self.rows(rank)
+        if count == 0:
+            return
+        m = self.mixes[rank]
+        out = self.launcher(rank, epoch)("v41.hc_post", {"tokens": count},
+                                         {"y": y[:count].contiguous(),
+                                          "x_hc": self.inputs[f"g{self.g}.x_hc"][first:first + count].contiguous(),
+                                          "post": m["post"], "comb": m["comb"]})
+        self.x_hc_out[first:first + count] = out["out"]
+        self.pre_out[first:first + count] = m["pre"]
+
+
+def kernel_sut(layer: int):
+    """Dry validation of every group's leaf launches first, then per group the composition
+    through ``attention_paths._group_alternate`` with a :class:`KernelSite`."""
+    def run(platform, config, case, inputs) -> SutOutput:
+        memo = attention_kernels.MEMO if attention_kernels.reuse_launches(platform) else None
+        launchers: dict = {}
+        leaf_inputs = dict(inputs)
+        for g in range(case.dp):  # the dry pass needs an input of the right shape only
+            leaf_inputs[f"g{g}.x"] = torch.zeros(case.tokens, config.hidden_size, dtype=torch.bfloat16)
+            w, rope, batch, caches, x = paths.group_state(config, case, leaf_inputs, g, layer)
+            dry = attention_kernels.RankLauncher(None, config, 0, case.preset, dry=True)
+            attention_kernels.rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
+
+        def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
+            return attention_kernels.rank_partial(site_of[0].launcher(rank, epoch), config, layer, x, w, caches,
+                                                  batch, rope, tp, rank, active)
+        result, site_of = {}, [None]
+        outs, x_hc, pre = [], [], []
+        for g in range(case.dp):
+            site = KernelSite(platform, config, case, inputs, g, launchers, memo)
+            site_of[0] = site
+            res = paths._group_alternate(config, case, leaf_inputs, g, layer, partial_fn, site)
+            outs.append(res.pop("out"))
+            for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks"):
+                if k in res:
+                    result.setdefault(k, []).append(res.pop(k))
+            result.update(res)
+            x_hc.append(site.x_hc_out)
+            pre.append(site.pre_out)
+        for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks"):
+            if k in result:
+                result[k] = torch.stack(result[k])
+        out = inputs["out"]
+        for g, o in enumerate(outs):
+            out[g] = o
+        att = inputs["attention_output"]
+        att[:, :case.active] = out[:, :case.active]
+        inputs["x_hc_out"].copy_(torch.stack(x_hc))
+        inputs["pre_out"].copy_(torch.stack(pre))
+        result.update(out=out, attention_output=att, x_hc_out=inputs["x_hc_out"], pre_out=inputs["pre_out"])
+        records = [r for lc in launchers.values() for r in lc.cost()]
+        return SutOutput(result, records)
+    return run
+
+
+# ---- entries ---------------------------------------------------------------------------------
+
+def _matrix(name: str, support: Support):
+    """(1,1) and (4,1) in both wirings (kinds first / long / mixed / masked), plus the
+    reserved-capacity TP4 case (33 rows, 31 active, 6 requests, 2 epochs) in both wirings."""
+    base = Case(entry=name, tokens=8, requests=3)
+    cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "composing"),
+                                             ("first", "long", "mixed", "masked"))]
+    cases += [base.with_(tp=4, tokens=33, active_tokens=31, requests=6, epochs=2, wiring=wr, kind="mixed")
+              for wr in support.wirings]
+    slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash", wiring="sharded"),)
+    return tuple(cases), slow
+
+
+def _make(spec) -> Entry:
+    name = f"decode_{spec.mode.value}"
+    support = Support(phase="decode", tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=("replicated", "sharded"),
+                      kinds=KINDS, inactive_rows=True)
+    matrix, slow = _matrix(name, support)
+
+    def layer(config):
+        return config.representative_layer(spec.mode)
+
+    def guarded(fn):
+        def call(config, case, *args):
+            with paths.small_shape_threads(config):
+                return fn(config, case, *args)
+        return call
+
+    def sut(platform, config, case, inputs):
+        with paths.small_shape_threads(config):
+            return kernel_sut(layer(config))(platform, config, case, inputs)
+
+    return register(Entry(
+        name=name,
+        description=f"decode {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
+                    f"attn_norm, the decode_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank)",
+        support=support, matrix=matrix, slow_cases=slow,
+        build_inputs=guarded(lambda c, k: build_inputs(c, k, layer(c))),
+        golden=guarded(lambda c, k, i: golden(c, k, i, layer(c))),
+        compare=guarded(lambda c, k, i, g, a: compare(spec, c, k, i, g, a)),
+        kernels={"a5sim": sut, "a5": sut},
+    ))
+
+
+ENTRIES = {e.name: e for e in (_make(s) for s in attention.MODES)}

@@ -1,0 +1,190 @@
+"""Index query and head weights of the lightning indexer (golden:
+``goldens.indexer.index_query``).
+
+Per row tile of ``ROW_TILE`` active tokens (brackets mark a BF16 cast, as in the golden):
+
+* ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads
+  (a ``pypto.loop``), ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is
+  quantized once per tile to MXFP8 (activation rule) and every head's FP8 weight rows are
+  decoded in-kernel (:mod:`v41.mx_linear`, the same path as ``v41.qkv_proj_rope``'s q
+  heads); the last ``rope_dim`` channels of each head are rotated with the token's prepared
+  rope row (:func:`v41.rope_heads.store_rope_head`);
+* ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
+  accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
+  and rounds to FP32 first: the two differ by FP32 reassociation before the BF16 cast.)
+
+Active rows.  ``num_tokens`` (INT32 ``[1]``, read in-kernel) counts the active rows; the
+projection loop covers only the row tiles below it (the last tile's ``valid_shape`` stops at
+row ``num_tokens - 1``, so no padding row of ``qr``, ``x`` or the rope rows is read) and a
+second loop writes zeros to rows ``num_tokens .. tokens - 1`` of ``q`` and ``weights``.  The
+caller validates ``num_tokens`` to ``[0, tokens]`` before launch
+(``harness.entries.index_query.validate_launch``).
+
+RoPE rows.  ``rope_cos``/``rope_sin`` are the ``rope_rows`` kernel's output for the
+COMPRESSED profile's tables (``goldens.rope.materialize_rope_rows``): a negative position
+arrives as cos 1 / sin 0 (identity), and rows at or past ``num_tokens`` hold whatever the
+caller left there (never read here).
+
+Cost model (A5, harness entry on a5sim in 64-token launches): FLASH T=192 ~3.36 ms, T=512
+~9.0 ms, about 51x the vector roofline: the per-row-tile decode of the FP8 ``wq_b``
+(``H * Dh x q_lora`` elements) dominates, hence ``ROW_TILE = 64`` (32 cost 1.7x).
+
+ABI
+---
+==============  ==================================  ========  =====
+name            shape                               dtype     role
+==============  ==================================  ========  =====
+qr              (tokens, q_lora_rank)               bfloat16  in   (qkv_proj_rope's qr)
+rope_cos        (tokens, rope_dim / 2)              float32   in   (rope_rows, compressed)
+rope_sin        (tokens, rope_dim / 2)              float32   in
+wq_b            (H * Dh, q_lora_rank)               uint8     in   (E4M3 codes)
+wq_b_scale      (H * Dh / 32, q_lora_rank / 32)     uint8     in   (E8M0 codes)
+x               (tokens, hidden)                    bfloat16  in
+weights_proj    (hidden, H)                         bfloat16  in
+num_tokens      (1,)                                int32     in   (active rows)
+q               (tokens, H * Dh)                    bfloat16  out  ([T, H, Dh])
+weights         (tokens, H)                         bfloat16  out
+==============  ==================================  ========  =====
+
+``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``num_tokens`` is a runtime
+value in ``[0, tokens]``.  The index query is replicated (every TP rank computes all ``H``
+heads), so there is no ``tp`` dimension.
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+import struct
+
+from v41 import mx_linear, rope_tail
+from v41.abi import Arg, case_int, jit_options, resolve
+from v41.rope_heads import store_rope_head
+
+ROW_TILE = 64  # tokens per row tile (wq_b is decoded once per row tile; 32 cost 1.7x on FLASH)
+N_TILE = 128  # weight output rows decoded per tile
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "inverse_rope": "de-rotates the rope tails (inverse RoPE) instead of rotating them",
+    "no_weight_scale": "leaves out the Dh^-0.5 * H^-0.5 factor of the head weights",
+    "skip_padding": "leaves rows at or past num_tokens unwritten",
+    "compute_padding": "projects every row, also rows at or past num_tokens (padding rows "
+                       "get values computed from padding inputs instead of zeros)",
+}
+
+ABI = (
+    Arg("qr", ("tokens", "q_lora"), "bfloat16", "in"),
+    Arg("rope_cos", ("tokens", "half"), "float32", "in"),
+    Arg("rope_sin", ("tokens", "half"), "float32", "in"),
+    Arg("wq_b", ("q_width", "q_lora"), "uint8", "in"),
+    Arg("wq_b_scale", ("q_width_blocks", "q_lora_blocks"), "uint8", "in"),
+    Arg("x", ("tokens", "hidden"), "bfloat16", "in"),
+    Arg("weights_proj", ("hidden", "heads"), "bfloat16", "in"),
+    Arg("num_tokens", (1,), "int32", "in"),
+    Arg("q", ("tokens", "q_width"), "bfloat16", "out"),
+    Arg("weights", ("tokens", "heads"), "bfloat16", "out"),
+)
+
+
+def weight_scale(config) -> float:
+    """The head-weight factor ``Dh^-0.5 * H^-0.5`` rounded to FP32 (the golden's constant)."""
+    ix = config.index
+    return struct.unpack("f", struct.pack("f", ix.head_dim ** -0.5 * ix.n_heads ** -0.5))[0]
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    """Named dimensions of one launch; raises ValueError naming the bad field."""
+    ix, ql = config.index, config.q_lora_rank
+    if ix.head_dim < config.rope_dim:
+        raise ValueError(f"config.index.head_dim: {ix.head_dim} is narrower than rope_dim "
+                         f"{config.rope_dim}")
+    qw = ix.n_heads * ix.head_dim
+    return {"tokens": case_int(case, "tokens", minimum=1), "hidden": config.hidden_size,
+            "half": config.rope_dim // 2, "q_lora": ql, "q_width": qw, "heads": ix.n_heads,
+            "head_dim": ix.head_dim, "q_lora_blocks": ql // 32, "q_width_blocks": qw // 32}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``index_query(qr, rope_cos, rope_sin, wq_b, wq_b_scale, x,
+    weights_proj, num_tokens, q, weights)``: rows below ``num_tokens`` projected, the rest
+    zero."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    d = dims(config, case or {"tokens": 1})
+    hidden, half, ql, qw = d["hidden"], d["half"], d["q_lora"], d["q_width"]
+    heads, hd, rd = d["heads"], d["head_dim"], config.rope_dim
+    h_tile = max(heads, 16)  # last vector tile axis of the BF16 weights: >= 32 bytes
+    scale = 1.0 if variant == "no_weight_scale" else weight_scale(config)
+    inverse = variant == "inverse_rope"
+    compute_padding = variant == "compute_padding"
+    zero_padding = variant not in ("skip_padding", "compute_padding")
+    rows = ROW_TILE
+    options = jit_options(runtime_options)
+    tokens_dim = pypto.frontend.dynamic("tokens")
+    bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
+
+    @pypto.frontend.jit(runtime_options=options)
+    def index_query(
+        qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
+        rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        rope_sin: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
+        wq_b: pypto.Tensor([qw, ql], pypto.DT_UINT8),
+        wq_b_scale: pypto.Tensor([qw // 32, ql // 32], pypto.DT_UINT8),
+        x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        weights_proj: pypto.Tensor([hidden, heads], pypto.DT_BF16),
+        num_tokens: pypto.Tensor([1], pypto.DT_INT32),
+        q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
+        weights: pypto.Tensor([tokens_dim, heads], pypto.DT_BF16),
+    ):
+        tokens = qr.shape[0]
+        if compute_padding:
+            active = tokens
+        else:
+            active = num_tokens[0]
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        for i in pypto.loop((active + rows - 1) // rows, name="IQ_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (active - start).min(rows)
+            pypto.set_vec_tile_shapes(min(rows, 8), half)
+            cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
+            sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
+            factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+            # weights = [[x @ weights_proj] * scale]
+            pypto.set_vec_tile_shapes(min(rows, 8), min(hidden, 1024))
+            xv = pypto.view(x, [rows, hidden], [start, 0], valid_shape=[valid, hidden])
+            w32 = pypto.matmul(xv, weights_proj, fp32)  # [rows, heads]
+            pypto.set_vec_tile_shapes(rows, h_tile)
+            w_t = pypto.cast(pypto.mul(pypto.cast(pypto.cast(w32, bf16), fp32), scale), bf16)
+            pypto.assemble(pypto.view(w_t, [rows, heads], [0, 0], valid_shape=[valid, heads]),
+                           [start, 0], weights)
+            # q_h = [RoPE([MX(qr) @ wq_b_h^T])], one head per iteration
+            pypto.set_vec_tile_shapes(min(rows, 8), ql)
+            qr32 = pypto.cast(pypto.view(qr, [rows, ql], [start, 0], valid_shape=[valid, ql]),
+                              fp32)
+            qrq = [(mx_linear.mx_activation_bf16(pypto, qr32, rows, valid, ql), ql)]
+            for h in pypto.loop(heads, name="IQ_HEADS", idx_name="h"):
+                yh = mx_linear.mx_linear_cols(pypto, qrq, wq_b, wq_b_scale, h * hd, hd,
+                                              N_TILE, rows, valid)
+                pypto.set_vec_tile_shapes(min(rows, 8), hd)
+                store_rope_head(pypto, pypto.cast(yh, bf16), q, start, h * hd, rows, valid,
+                                cos_t, sin_t, factors, hd, rd)
+        if zero_padding:  # rows active .. tokens - 1: zeros
+            for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
+                                idx_name="p"):
+                start = active + p * rows
+                valid = (tokens - start).min(rows)
+                pypto.set_vec_tile_shapes(rows, h_tile)
+                pypto.assemble(pypto.full([rows, heads], 0.0, bf16, valid_shape=[valid, heads]),
+                               [start, 0], weights)
+                pypto.set_vec_tile_shapes(min(rows, 8), min(qw, 1024))
+                pypto.assemble(pypto.full([rows, qw], 0.0, bf16, valid_shape=[valid, qw]),
+                               [start, 0], q)
+
+    return index_query
