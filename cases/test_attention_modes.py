@@ -1,15 +1,20 @@
 # ci: a5
-"""The six attention modes, decode and prefill, on the selected platform.
+"""The six attention modes on the selected platform: the decode leaves
+(``decode_attn_<mode>``) and mHC compositions (``decode_<mode>``) on v41 kernels, the
+golden-alt decode recomposition (``golden_alt_decode_attn_<mode>``) and the prefill
+entries (``prefill_<mode>``, golden-alt until their kernels exist).
 
 One test per entry so ``-k c1a_reindex`` and ``--tp 4`` select exactly the wanted cases.
 """
 
 import pytest
 
-from harness.entries.attention import ENTRIES
+from harness.entries import attention, decode_compose
 from harness.pytest_cases import ARGNAMES, check_case, entry_params
 
+NAMES = sorted({**attention.ENTRIES, **decode_compose.ENTRIES})
 
-@pytest.mark.parametrize(ARGNAMES, [p for name in sorted(ENTRIES) for p in entry_params(name)])
+
+@pytest.mark.parametrize(ARGNAMES, [p for name in NAMES for p in entry_params(name)])
 def test_attention_mode(case, tp, dp, ep, wiring, preset, run_options):
     check_case(case, run_options)

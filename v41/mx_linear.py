@@ -27,6 +27,13 @@ from v41 import mx_decode, mx_encode
 
 MX_GROUP = 32
 LN2 = math.log(2.0)
+VEC_COLS = 1024  # vector tile columns at most: 16 x 1024 FP32 = 64 KB of the 248 KB UB
+
+
+def cols(k: int) -> int:
+    """Vector tile columns for a ``k``-wide row: ``k`` up to :data:`VEC_COLS` (a FLASH
+    ``[16, 5120]`` FP32 tile, 320 KB, exceeds the A5 unified buffer and fails the pass)."""
+    return min(k, VEC_COLS)
 
 
 def mx_activation_bf16(pypto, x32, rows, valid, k, group=MX_GROUP, *, skip_quant=False):
@@ -34,17 +41,17 @@ def mx_activation_bf16(pypto, x32, rows, valid, k, group=MX_GROUP, *, skip_quant
     dequantized exactly (see the module doc).  ``skip_quant`` is a deliberately wrong
     reading for the harness's wrong-kernel tests (plain BF16 cast, no MXFP8 rounding)."""
     if skip_quant:
-        pypto.set_vec_tile_shapes(min(rows, 8), k)
+        pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
         return pypto.cast(x32, pypto.DT_BF16)
     n, gpr = rows * k // group, k // group
-    pypto.set_vec_tile_shapes(min(rows, 8), k)
+    pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
     xg = pypto.reshape(x32, [n, group], valid_shape=[valid * gpr, group])
     codes, e = mx_encode.activation_group_codes(pypto, xg, n, group)
     frac, expo = mx_decode.e4m3_parts(pypto, codes)
     # value * 2^e = frac * 2^(max(expo, 1) - 7 + e): one exp, rounded away by the BF16 cast
     pw = pypto.exp(pypto.mul(pypto.add(pypto.maximum(expo, 1.0), pypto.sub(e, 7.0)), LN2))
     val = pypto.mul(frac, pw)
-    pypto.set_vec_tile_shapes(min(rows, 8), k)
+    pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
     xq = pypto.cast(pypto.reshape(val, [rows, k], valid_shape=[valid, k]), pypto.DT_BF16)
     return pypto.view(xq, [rows, k], [0, 0], valid_shape=[valid, k])
 
@@ -63,13 +70,13 @@ def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GR
     ``scale_up`` is a deliberately wrong reading (every block scale one binade too large)."""
     kg = k // group
     row_ids = _weight_row_ids(pypto, n_tile, group)
-    pypto.set_vec_tile_shapes(min(n_tile, 16), k)
+    pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
     codes = pypto.view(w_codes, [n_tile, k], [n0, c0])
     pypto.set_vec_tile_shapes(min(n_tile // group, 16), kg)
     srows = pypto.view(w_scales, [n_tile // group, kg], [n0 // group, c0 // group])
     pypto.set_vec_tile_shapes(min(n_tile, 16), kg)
     srep = pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
-    pypto.set_vec_tile_shapes(min(n_tile, 16), k)
+    pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
     wt = mx_decode.window_rows(pypto, codes, pypto.reshape(srep, [n_tile * kg]), n_tile, k,
                                group)
     if scale_up:
@@ -90,7 +97,7 @@ def mx_linear_tile(pypto, parts, w_codes, w_scales, n0, n_tile, rows, valid, *,
     for xq, kp in parts:  # unrolled at trace time
         wt = mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, kp, scale_up=scale_up)
         # re-view: a tensor entering a nested loop's function loses its valid shape
-        pypto.set_vec_tile_shapes(min(rows, 16), kp)
+        pypto.set_vec_tile_shapes(min(rows, 16), cols(kp))
         xv = pypto.view(xq, [rows, kp], [0, 0], valid_shape=[valid, kp])
         mm = pypto.matmul(xv, wt, pypto.DT_FP32, b_trans=True)  # [rows, n_tile]
         pypto.set_vec_tile_shapes(min(rows, 16), n_tile)

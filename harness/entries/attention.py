@@ -210,13 +210,14 @@ def _matrix(name: str, phase: str, support: Support) -> tuple[tuple[Case, ...], 
 
 
 def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
-    """The kernel leaf's cases: the contract's leaf split (2,2) in both wirings (kinds
-    ``masked``: a disabled state block and a request without prefix; ``sink``) and a
-    reserved-capacity TP4 case (33 rows, 31 active, 6 requests, 2 epochs, long prefixes);
-    FLASH T=192 at one TP4 group under ``slow``."""
+    """The kernel leaf's cases: the contract's leaf split (2,2) in both wirings, the
+    replicated one with a reserved-capacity batch (8 rows, 7 active, kind ``masked``: a
+    disabled state block and a request without prefix), the sharded one kind ``sink``
+    with two epochs; FLASH T=192 at one TP4 group under ``slow``.  (The TP4 reserved case
+    runs on the composition, ``decode_<mode>``.)"""
     base = Case(entry=name, tokens=8, requests=3)
-    cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "leaf"), ("masked", "sink"))]
-    cases.append(base.with_(tp=4, tokens=33, active_tokens=31, requests=6, epochs=2, kind="long"))
+    leaf = standard_matrix(name, support, base, "leaf")
+    cases = [leaf[0].with_(kind="masked", active_tokens=7), leaf[1].with_(kind="sink", epochs=2)]
     slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),)
     return tuple(cases), slow
 
@@ -267,6 +268,7 @@ def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
         support=support, matrix=matrix, slow_cases=slow,
         build_inputs=build_inputs, golden=golden, compare=compare_case,
         kernels={"a5sim": kernel_path, "a5": kernel_path} if kernel else {},
+        work=(lambda config, case, inputs: kernels.leaf_work(layer(config))(config, case, inputs)) if kernel else None,
         alternate=None if kernel else alternate,
         alternate_label="" if kernel else
         f"{name}: per-rank golden pieces via host transports "

@@ -43,6 +43,7 @@ from harness.entries import sparse_attention as sparse
 from harness.entries import window_publish
 from harness.entries._kernel import sequential_cost
 from harness.fixtures import SENTINEL
+from harness.registry import Work
 
 _FULL = (Mode.C2A_FULL, Mode.C1A_FULL)
 _INDEXED = (Mode.C2A_FULL, Mode.C1A_FULL, Mode.C1A_REINDEX)
@@ -74,6 +75,7 @@ class RankLauncher:
     dry: bool = False
     records: list = dataclasses.field(default_factory=list)
     memo: "LaunchMemo | None" = None  # a5sim launch reuse (see :func:`launch_key`)
+    trace: list | None = None  # dry: (module, axes, args and outputs) of every launch
 
     def __call__(self, module: str, axes: dict, args: dict, *, validate=None,
                  options: dict | None = None) -> dict:
@@ -83,9 +85,12 @@ class RankLauncher:
                 validate(args)
             import importlib
             abi = importlib.import_module(module).abi(self.config, axes)
-            return {a.name: (args[a.name] if a.role == "inout" else
+            outs = {a.name: (args[a.name] if a.role == "inout" else
                              torch.zeros(a.shape, dtype=getattr(torch, a.dtype)))
                     for a in abi if a.role in ("out", "inout")}
+            if self.trace is not None:
+                self.trace.append((module, axes, {**args, **outs}))
+            return outs
         key = launch_key(module, axes, options, args) if self.memo is not None else None
         if key is not None and (hit := self.memo.get(key)) is not None:
             outputs, record = hit
@@ -224,14 +229,22 @@ def _select(launch: RankLauncher, config, layer, lc, x, qr, w, md, batch, rope, 
                      {"wq_b": _u8(w.wq_b), "wq_b_scale": w.wq_b_scale, "weights_proj": w.weights_proj},
                      num_tokens=True)
     width = table.shape[1] * bs
+    # the kernel scores whole key tiles: the table is padded with unallocated (-1) pages
+    from v41.paged_indexer import KEY_TILE
+    padded_width = width if width <= KEY_TILE else -(-width // KEY_TILE) * KEY_TILE
+    if padded_width != width:
+        wide = torch.full((table.shape[0], padded_width // bs), -1, dtype=_I32)
+        wide[:, :table.shape[1]] = table
+        table = wide
     mask = None
     if lc.mode is Mode.C1A_REINDEX:
-        mask = scratch.candidate_mask[lc.candidate_source][:n].to(torch.uint8).contiguous()
+        mask = torch.zeros(n, padded_width, dtype=torch.uint8)
+        mask[:, :width] = scratch.candidate_mask[lc.candidate_source][:n]
     step = min(paged_indexer.LAUNCH_ROWS,
                paged_indexer.logits_chunk_rows(config, width, paged_indexer.DEFAULT_MAX_LOGITS_BYTES))
     q = iq["q"].reshape(n, ix.n_heads, ix.head_dim)
     topk = torch.full((n, ix.topk), -1, dtype=_I32)
-    scores = torch.empty(n, max(width, ix.topk))
+    scores = torch.empty(n, max(padded_width, ix.topk))
     for t0 in range(0, n, step):
         m = min(step, n - t0)
         args = {"q": q[t0:t0 + m].contiguous(), "weights": iq["weights"][t0:t0 + m].contiguous(),
@@ -339,6 +352,56 @@ def rank_partial(launch: RankLauncher, config: V41Config, layer: int, x, w, cach
     if topk_full is not None:
         topk_full[:n] = topk
     return partial, topk_full
+
+
+def _full_rows(t: torch.Tensor, tp: int) -> torch.Tensor:
+    """An uninitialized tensor ``tp`` times ``t``'s rows: a rank's shard as the full weight
+    the building block's ``work`` divides by ``tp``."""
+    return torch.empty((t.shape[0] * tp, *t.shape[1:]), dtype=t.dtype)
+
+
+def launches_work(config, trace: list, tp: int) -> Work:
+    """The summed :class:`~harness.registry.Work` of a dry pass's launches, each rated by
+    its building block's own entry ``work`` (the same declarations as its roofline)."""
+    from harness import registry
+    from harness.case import Case
+    entries = {"v41.rope_rows": "rope_rows", "v41.qkv_proj_rope": "qkv_proj_rope",
+               "v41.window_publish": "window_publish", "v41.sparse_attention": "sparse_attention",
+               "v41.o_proj": "o_proj", "v41.compressor_ratio1": "compressor_ratio1",
+               "v41.compressor_ratio2": "compressor_ratio2", "v41.index_query": "index_query",
+               "v41.paged_indexer": "paged_indexer", "v41.hierarchical_indexer": "hierarchical_sparse_indexer",
+               "v41.hc_mixes": "hc_mixes", "v41.hc_pre": "hc_pre", "v41.hc_post": "hc_post",
+               "v41.rmsnorm": "rmsnorm"}
+    total, flops = 0, {}
+    for module, axes, args in trace:
+        name = entries[module]
+        inputs = dict(args)
+        if module == "v41.qkv_proj_rope":
+            inputs["wq_b"], inputs["wq_b_scale"] = _full_rows(args["wq_b"], tp), _full_rows(args["wq_b_scale"], tp)
+        if module == "v41.o_proj":
+            for k in ("attn_out", "wo_a", "wo_b", "wo_b_scale"):
+                inputs[k] = _full_rows(args[k], tp)
+        if module == "v41.paged_indexer":
+            inputs.setdefault("topk_rows", args.get("topk_rows"))
+        case = Case(entry=name, tokens=axes["tokens"], tp=axes.get("tp", 1), preset=axes.get("preset", "tiny"))
+        w = registry.get(name).work(config, case, inputs)
+        total += w.bytes
+        for k, v in w.flops.items():
+            flops[k] = flops.get(k, 0) + v
+    return Work(total, flops)
+
+
+def leaf_work(layer: int):
+    """``Entry.work`` of the leaf at ``layer``: one rank's launches (group 0, rank 0)."""
+    from harness.entries import attention_paths as paths
+
+    def work(config, case, inputs) -> Work:
+        trace: list = []
+        w, rope, batch, caches, x = paths.group_state(config, case, inputs, 0, layer)
+        dry = RankLauncher(None, config, 0, case.preset, dry=True, trace=trace)
+        rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
+        return launches_work(config, trace, case.tp)
+    return work
 
 
 def reuse_launches(platform) -> bool:

@@ -1,0 +1,81 @@
+"""The ``decode_<mode>`` mHC compositions: registered with the contract's split, and their
+comparison catches each defect of the composition's own outputs by name (the golden's
+outputs stand in for a SUT, so these run without a kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.entries import decode_compose
+from harness.fixtures import clone_tensors
+from harness.verdict import all_passed
+
+MODES = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
+
+
+def test_six_compositions_with_tp1_and_the_reserved_tp4_case_in_both_wirings():
+    assert set(decode_compose.ENTRIES) == {f"decode_{m}" for m in MODES}
+    for name, entry in decode_compose.ENTRIES.items():
+        assert set(entry.kernels) == {"a5sim", "a5"} and entry.alternate is None
+        combos = {(c.tp, c.dp, c.wiring) for c in entry.matrix}
+        assert combos == {(1, 1, "replicated"), (1, 1, "sharded"), (4, 1, "replicated"), (4, 1, "sharded")}
+        reserved = {(c.tokens, c.active, c.requests, c.epochs, c.wiring) for c in entry.matrix if c.tp == 4}
+        assert reserved == {(33, 31, 6, 2, "replicated"), (33, 31, 6, 2, "sharded")}, name
+        assert any(c.kind == "first" for c in entry.matrix)  # the one-hot first-site pre-mix
+        assert [(c.tp, c.tokens, c.preset) for c in entry.slow_cases] == [(4, 192, "flash")]
+
+
+@pytest.fixture(scope="module")
+def golden_run():
+    entry = decode_compose.ENTRIES["decode_c1a_reuse"]
+    case = entry.matrix[2].with_(tp=1, epochs=1)  # 33 rows, 31 active
+    inputs = entry.build_inputs(case.config, case)
+    gold = entry.golden(case.config, case, clone_tensors(inputs))
+    return entry, case, inputs, gold
+
+
+def _failing(entry, case, inputs, gold, actual):
+    return {(v.output, v.check) for v in entry.compare(case.config, case, inputs, gold, actual) if not v.passed}
+
+
+def test_the_golden_as_sut_passes(golden_run):
+    entry, case, inputs, gold = golden_run
+    actual = clone_tensors(gold)
+    assert all_passed(entry.compare(case.config, case, inputs, gold, actual))
+    assert bool((actual["attention_output"][0, case.active:] == inputs["attention_output"][0, case.active:]).all())
+
+
+@pytest.mark.parametrize("defect,expected", [
+    (lambda a: a["x_hc_out"][0, 4, 1].mul_(1.5), ("g0.x_hc_out", "row_rms")),
+    (lambda a: a["pre_out"][0, 2].add_(0.5), ("g0.pre_out", "row_rms")),
+    (lambda a: a["attention_output"][0, 32].fill_(0.0), ("g0.attention_output", "exact_bytes")),
+    (lambda a: a["attention_output"][0, 3, 7].mul_(2.0), ("g0.attention_output", "exact_bytes")),
+])
+def test_each_composition_defect_is_caught_by_name(golden_run, defect, expected):
+    entry, case, inputs, gold = golden_run
+    actual = clone_tensors(gold)
+    defect(actual)
+    assert expected in _failing(entry, case, inputs, gold, actual)
+
+
+def test_a_missing_stream_output_is_a_failure(golden_run):
+    entry, case, inputs, gold = golden_run
+    actual = clone_tensors(gold)
+    del actual["x_hc_out"]
+    assert ("x_hc_out", "present") in _failing(entry, case, inputs, gold, actual)
+
+
+def test_hc_post_is_replayed_on_the_suts_own_attention_output(golden_run):
+    """An attention output inside its budget but different from the golden's: the streams
+    are judged against hc_post of THAT output, not charged the difference twice."""
+    entry, case, inputs, gold = golden_run
+    actual = clone_tensors(gold)
+    nudge = (actual["out"][0, :case.active].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)
+    actual["out"][0, :case.active] = nudge
+    actual["attention_output"][0, :case.active] = nudge
+    from goldens.mhc import hc_post
+    actual["x_hc_out"][0] = hc_post(actual["out"][0], inputs["g0.x_hc"], gold["g0.mix_post"], gold["g0.mix_comb"],
+                                    case.config)
+    bad = _failing(entry, case, inputs, gold, actual)
+    assert not {b for b in bad if b[0] == "g0.x_hc_out"}
