@@ -393,15 +393,21 @@ def launches_work(config, trace: list, tp: int) -> Work:
 
 def leaf_work(layer: int):
     """``Entry.work`` of the leaf at ``layer``: one rank's launches (group 0, rank 0)."""
-    from harness.entries import attention_paths as paths
-
     def work(config, case, inputs) -> Work:
-        trace: list = []
-        w, rope, batch, caches, x = paths.group_state(config, case, inputs, 0, layer)
-        dry = RankLauncher(None, config, 0, case.preset, dry=True, trace=trace)
-        rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
-        return launches_work(config, trace, case.tp)
+        return launches_work(config, dry_run(config, case, inputs, layer, 0), case.tp)
     return work
+
+
+def dry_run(config, case, inputs, layer: int, g: int) -> list:
+    """Group ``g``'s rank-0 launches without launching: every building block's host check
+    runs on its arguments (raising ValueError naming the field), nothing is written to
+    ``inputs``.  Returns the trace ``(module, axes, arguments and outputs)``."""
+    from harness.entries import attention_paths as paths
+    trace: list = []
+    w, rope, batch, caches, x = paths.group_state(config, case, inputs, g, layer)
+    dry = RankLauncher(None, config, 0, case.preset, dry=True, trace=trace)
+    rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
+    return trace
 
 
 def reuse_launches(platform) -> bool:
@@ -419,9 +425,7 @@ def kernel_sut(layer: int):
 
     def run(platform, config, case, inputs):
         for g in range(case.dp):
-            w, rope, batch, caches, x = paths.group_state(config, case, inputs, g, layer)
-            dry = RankLauncher(None, config, 0, case.preset, dry=True)
-            rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
+            dry_run(config, case, inputs, layer, g)
         records: list = []
         memo = MEMO if reuse_launches(platform) else None
 

@@ -175,18 +175,14 @@ def kernel_sut(layer: int):
         leaf_inputs = dict(inputs)
         for g in range(case.dp):  # the dry pass needs an input of the right shape only
             leaf_inputs[f"g{g}.x"] = torch.zeros(case.tokens, config.hidden_size, dtype=torch.bfloat16)
-            w, rope, batch, caches, x = paths.group_state(config, case, leaf_inputs, g, layer)
-            dry = attention_kernels.RankLauncher(None, config, 0, case.preset, dry=True)
-            attention_kernels.rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
-
-        def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
-            return attention_kernels.rank_partial(site_of[0].launcher(rank, epoch), config, layer, x, w, caches,
-                                                  batch, rope, tp, rank, active)
-        result, site_of = {}, [None]
-        outs, x_hc, pre = [], [], []
+            attention_kernels.dry_run(config, case, leaf_inputs, layer, g)
+        result, outs, x_hc, pre = {}, [], [], []
         for g in range(case.dp):
             site = KernelSite(platform, config, case, inputs, g, launchers, memo)
-            site_of[0] = site
+
+            def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch, site=site):
+                return attention_kernels.rank_partial(site.launcher(rank, epoch), config, layer, x, w, caches,
+                                                      batch, rope, tp, rank, active)
             res = paths._group_alternate(config, case, leaf_inputs, g, layer, partial_fn, site)
             outs.append(res.pop("out"))
             for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks"):
