@@ -16,6 +16,12 @@ cores x ``ddr_rate`` x ``cube_freq``; a cube dtype's peak = cube cores x m*k*n o
 ``vector_reg_width``/4 lanes x ``vec_freq``.  ``bound`` names the larger term.
 
 ``--json`` prints one JSON object per case (one per line) instead of the table.
+``--estimate-only`` runs each case's launches through the cost model alone (a5sim's
+``cost`` level: compiled, not interpreted): the estimate is the same figure a validated run
+reports (``tests/harness/test_bench_estimate_only.py`` checks that per kernel at TINY), at a
+fraction of the interpreter's time and memory, so FLASH shapes the interpreter cannot
+afford still get a figure.  Its rows say ``status: estimate`` and ``verify_level: cost``:
+nothing was computed or compared in that run.
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
 (:mod:`harness.plots.roofline`).
 """
@@ -155,6 +161,25 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
     con.print(f"Roofline figures ({plat.soc} platform file): HBM {plat.hbm_bytes_per_s / 1e12:.2f} "
               f"TB/s, peaks TFLOP/s: {peaks}.  Estimates are the cost model's AICore "
               f"end-to-end time, deterministic run to run.", highlight=False)
+    if any(r["verify_level"] == "cost" for r in rows):
+        con.print("verify 'cost': estimate-only rows (cost model alone); their outputs were "
+                  "not computed or compared in this run.", highlight=False)
+
+
+def _run(case: Case, estimate_only: bool):
+    """The case's result: validated (``run_case``), or on an estimate-only a5sim platform."""
+    from harness.runner import run_case
+
+    if not estimate_only:
+        return run_case(case)
+    from harness.platforms.a5sim import A5SimPlatform
+    from harness.platforms.verify import ESTIMATE_LEVEL
+
+    platform = A5SimPlatform(verify=ESTIMATE_LEVEL)
+    try:
+        return run_case(case, platform=platform)
+    finally:
+        platform.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, action="append", default=None)
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object per case instead of the table")
+    ap.add_argument("--estimate-only", action="store_true",
+                    help="cost model only (no interpreter, outputs not computed or compared): "
+                         "estimates for shapes too large to interpret")
     ap.add_argument("--plot", metavar="FILE", default=None,
                     help="also draw the roofline chart of these rows into FILE (.png or .svg)")
     args = ap.parse_args(argv)
@@ -188,8 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("bench: no kernel entry matches", file=sys.stderr)
         return 2
-    from harness.runner import run_case
-
     plat = topology.read_platform()
     topo = _topology_record()
     rows, bad = [], 0
@@ -197,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         entry = registry.get(case.entry)
         work = case_work(entry, case)
         roofline(work, plat)  # a bad declaration fails before the run
-        r = run_case(case)
-        bad += r.status != "pass"
+        r = _run(case, args.estimate_only)
+        bad += r.status != ("estimate" if args.estimate_only else "pass")
         rows.append(bench_row(case, r, work, plat, topo))
         if args.json:
             print(json.dumps(rows[-1]), flush=True)

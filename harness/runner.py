@@ -1,7 +1,9 @@
 """Run one case: fixture, system under test, golden, comparison, optional save.
 
 The system under test runs before the golden (on its own copies of the inputs) so a
-reference buffer can never hand the kernel its answer.  Any exception in the SUT becomes
+reference buffer can never hand the kernel its answer.  On an estimate-only platform
+(a5sim's ``cost`` level: no interpreter) the SUT runs for its cost records alone and the
+result is ``estimate``: no golden, no comparison, nothing saved.  Any exception in the SUT becomes
 an ``error`` result with its message; an unavailable platform becomes ``skip`` with the
 platform's reason; a missing SUT is ``skip`` naming what is missing, never a pass.
 """
@@ -22,7 +24,7 @@ from harness.verdict import Verdict, all_passed
 class CaseResult:
     case: Case
     sut: str
-    status: str  # pass | fail | skip | error
+    status: str  # pass | fail | skip | error | estimate (cost model only, nothing compared)
     verdicts: list[Verdict] = field(default_factory=list)
     costs: list[dict] = field(default_factory=list)
     seconds: float = 0.0
@@ -68,6 +70,8 @@ def run_case(case: Case, *, save_root: str | None = None, cards_available: int |
     """Run ``case`` end to end and return its result (never raises for SUT failures)."""
     entry = registry.get(case.entry)
     validate_case(case, entry.support, cards_available)
+    if save_root is not None and getattr(platform, "estimate_only", False):
+        raise ValueError("save_root: an estimate-only platform computes no outputs to save")
     start = time.perf_counter()
     label, sut = entry.sut_for(case.platform)
     if sut is None:
@@ -102,6 +106,10 @@ def _run(case, entry, label, sut, platform, save_root, start) -> CaseResult:
         tb = traceback.format_exc(limit=3)
         return CaseResult(case, label, "error", reason=f"{type(err).__name__}: {err}\n{tb}",
                           seconds=time.perf_counter() - start)
+    if label.startswith("kernel:") and getattr(platform, "estimate_only", False):
+        return CaseResult(case, label, "estimate", costs=produced.costs,
+                          seconds=time.perf_counter() - start,
+                          reason="cost model only: outputs not computed, nothing compared")
     golden = entry.golden(cfg, case, clone_tensors(inputs))
     try:
         verdicts = entry.compare(cfg, case, inputs, golden, produced.outputs)

@@ -175,6 +175,7 @@ class LaunchMemo:
 
 
 MEMO = LaunchMemo()
+ESTIMATE_MEMO = LaunchMemo(64 << 20)  # cost-only launches: never mixed with computed ones
 
 
 def _rope(launch: RankLauncher, cos_t, sin_t, pos, n: int):
@@ -416,6 +417,14 @@ def reuse_launches(platform) -> bool:
     return getattr(platform, "name", "") == "a5sim" and os.environ.get("V41_A5SIM_REUSE", "1") != "0"
 
 
+def launch_memo(platform) -> LaunchMemo | None:
+    """The memo launches on ``platform`` may reuse (None: reuse off); an estimate-only
+    platform's uncomputed outputs live in their own memo."""
+    if not reuse_launches(platform):
+        return None
+    return ESTIMATE_MEMO if getattr(platform, "estimate_only", False) else MEMO
+
+
 def kernel_sut(layer: int):
     """The a5sim/a5 SUT of the leaf at ``layer``: a dry validation pass of every group's
     launches (nothing launched, nothing written) first, then every group, rank and epoch
@@ -427,7 +436,7 @@ def kernel_sut(layer: int):
         for g in range(case.dp):
             dry_run(config, case, inputs, layer, g)
         records: list = []
-        memo = MEMO if reuse_launches(platform) else None
+        memo = launch_memo(platform)
 
         def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
             launch = RankLauncher(platform, config, rank, case.preset, memo=memo)

@@ -170,7 +170,7 @@ def kernel_sut(layer: int):
     """Dry validation of every group's leaf launches first, then per group the composition
     through ``attention_paths._group_alternate`` with a :class:`KernelSite`."""
     def run(platform, config, case, inputs) -> SutOutput:
-        memo = attention_kernels.MEMO if attention_kernels.reuse_launches(platform) else None
+        memo = attention_kernels.launch_memo(platform)
         launchers: dict = {}
         leaf_inputs = dict(inputs)
         for g in range(case.dp):  # the dry pass needs an input of the right shape only

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from harness.platforms import lifeline, pypto_env, topology, verify, worker
+from harness.platforms import verify as verify_mod  # __init__'s ``verify`` argument shadows it
 from harness.platforms.base import (CostReport, LaunchResult, Platform, PlatformError, Program,
                                     check_tensors)
 
@@ -85,6 +86,9 @@ class A5SimPlatform(Platform):
 
     ``verify`` is the pass-verify level (:data:`VERIFY_LEVELS`; None reads ``V41_VERIFY``):
     a verifier verdict other than PASS/NO_COMPARE fails the launch, naming the stage.
+    ``verify="cost"`` (only by argument, never from the environment) compiles and runs the
+    cost model without the interpreter: :attr:`estimate_only` is True, outputs are not
+    computed, and the runner refuses to compare them.
     Launches are served one at a time by a worker that keeps pypto loaded
     (:class:`harness.platforms.worker.Worker`), replaced every ``V41_WORKER_JOBS``
     launches; it and the run root go away with this process however it ends.
@@ -98,9 +102,11 @@ class A5SimPlatform(Platform):
             raise PlatformError(f"arch: {arch!r} is not one of {pypto_env.ARCHES}")
         if verify is None:
             verify = verify_level_from_env()
-        elif verify not in VERIFY_LEVELS:
-            raise PlatformError(f"verify: {verify!r} is not one of {VERIFY_LEVELS}")
+        elif verify not in VERIFY_LEVELS + (verify_mod.ESTIMATE_LEVEL,):
+            raise PlatformError(f"verify: {verify!r} is not one of "
+                                f"{VERIFY_LEVELS + (verify_mod.ESTIMATE_LEVEL,)}")
         self.verify_level = verify
+        self.estimate_only = verify == verify_mod.ESTIMATE_LEVEL
         self.arch = arch
         self.timeout_s = timeout_s
         self._run_root = Path(run_root) if run_root else None

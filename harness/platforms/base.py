@@ -140,6 +140,7 @@ class LaunchResult:
 class Platform(abc.ABC):
     name: str = ""
     verify_level: str | None = None  # what a launch's numerics are checked at, if anything
+    estimate_only: bool = False  # True: launches run the cost model only, outputs uncomputed
 
     @abc.abstractmethod
     def available(self) -> tuple[bool, str]:

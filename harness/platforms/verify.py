@@ -6,6 +6,10 @@ lowering pass and compares it with the tensor graph's values.  Two levels:
 
 * ``tensor``  -- tensor graph only (``pass_verify_pass_filter=[]``).  Without a golden the
   verifier says ``NO_COMPARE``; a ``FAILED`` tensor-graph verdict still fails the launch.
+* ``cost`` -- no interpreter at all: the kernel is compiled and only the cost model runs
+  (:data:`ESTIMATE_LEVEL`).  Outputs are NOT computed and nothing is checked; the level
+  exists for ``python -m harness.bench --estimate-only`` (FLASH-sized estimates the
+  interpreter cannot afford) and is refused everywhere a verdict is made.
 * ``lowered`` -- also every lowering pass the calculator interprets faithfully,
   :data:`LOWERED_PASSES` = ``Pass_00`` .. ``Pass_26`` (RemoveRedundantReshape ..
   InferDynShape); :data:`NOT_VERIFIED` lists the later passes and the comment above it why.
@@ -25,6 +29,7 @@ from pathlib import Path
 ENV_VERIFY = "V41_VERIFY"
 VERIFY_LEVELS = ("tensor", "lowered")
 DEFAULT_LEVEL = "tensor"
+ESTIMATE_LEVEL = "cost"  # compile + cost model only; never a level a verdict is read at
 
 # pypto 0.2.0's lowering pipeline in order; the index is the NN of ``Pass_NN_<name>``.
 PIPELINE = (
@@ -77,6 +82,9 @@ def level_from_env() -> str:
 
 def verify_options(level: str, dump_dir: Path) -> dict:
     """Keyword arguments of ``pypto.set_verify_options`` for ``level`` (no tensor dumps)."""
+    if level == ESTIMATE_LEVEL:
+        return {"enable_pass_verify": False, "pass_verify_save_tensor": False,
+                "pass_verify_pass_filter": [], "pass_verify_save_tensor_dir": str(dump_dir)}
     check_level(level, "verify level")
     return {"enable_pass_verify": True, "pass_verify_save_tensor": False,
             "pass_verify_pass_filter": list(LOWERED_PASSES) if level == "lowered" else [],
@@ -122,7 +130,9 @@ def summarize(verdicts: list[Verdict], level: str) -> dict:
     passes = sorted({v.pass_name for v in verdicts if v.pass_name})
     failed = [v for v in verdicts if not v.ok]
     error = None
-    if failed:
+    if level == ESTIMATE_LEVEL:
+        pass  # the interpreter did not run: there is no verdict to read
+    elif failed:
         first = failed[0]
         if first.result == "EXEC_ERROR":
             head = f"the calculator could not execute pass {first.pass_name}"

@@ -50,7 +50,10 @@ def chart_title(rows: list[dict]) -> str:
     topo = rows[0]["topology"] if rows else {}
     sim = (f"simulated A5 {topo.get('cube_cores')} cube + {topo.get('vector_cores')} vector "
            f"cores, cycles at {topo.get('clock_mhz')} MHz" if topo else "no topology")
-    return f"Roofline: preset {_values(rows, 'preset')}, tokens {_values(rows, 'tokens')}\n{sim}"
+    only = ", cost model only (not interpreted)" if any(
+        r.get("verify_level") == "cost" for r in rows) else ""
+    return (f"Roofline: preset {_values(rows, 'preset')}, tokens {_values(rows, 'tokens')}"
+            f"{only}\n{sim}")
 
 
 def roofline_figure(rows: list[dict], hbm_bytes_per_s: float, peaks: dict[str, float]):

@@ -205,3 +205,32 @@ def test_json_bound_follows_the_larger_term(monkeypatch, capsys):
     assert row["bound"] == "compute" and row["compute_us"] == pytest.approx(10.0)
     assert row["roofline_us"] == pytest.approx(10.0) and row["ratio"] == pytest.approx(5.0)
     assert row["verify_level"] is None  # the fake result has no verify level
+
+
+def test_estimate_only_runs_on_a_cost_level_platform_and_says_so(monkeypatch, capsys):
+    seen = []
+
+    def fake_run(case, *a, platform=None, **k):
+        seen.append((platform.estimate_only, platform.verify_level))
+        r = CaseResult(case=case, sut="kernel:x", status="estimate",
+                       costs=[{"rank": 0, "aicore_e2e_us": 4.0, "total_cycles": 1}])
+        r.verify_level = platform.verify_level
+        return r
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    assert bench.main(["--json", "--estimate-only", "rmsnorm", "--tokens", "4"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert seen == [(True, "cost")]
+    assert row["status"] == "estimate" and row["verify_level"] == "cost"
+    assert row["estimated_us"] == 4.0
+
+
+def test_an_estimate_is_not_a_pass_without_estimate_only(monkeypatch, capsys):
+    def fake_run(case, *a, **k):
+        return CaseResult(case=case, sut="kernel:x", status="estimate",
+                          costs=[{"rank": 0, "aicore_e2e_us": 4.0, "total_cycles": 1}])
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    assert bench.main(["--json", "rmsnorm", "--tokens", "4"]) == 1

@@ -1,0 +1,64 @@
+"""a5sim's estimate-only level (``cost``: compile + cost model, no interpreter): the
+estimate equals the validated run's, nothing is compared or saved, and the level is never
+taken from ``V41_VERIFY`` (a verdict read at it would be a pass nobody checked)."""
+
+import pytest
+
+from harness.case import Case
+from harness.platforms import verify
+from harness.platforms.a5sim import A5SimPlatform
+from harness.platforms.base import PlatformError
+from harness.runner import run_case
+
+# one elementwise kernel, one with runtime slot branches, one gather-heavy kernel
+CASES = (Case(entry="rmsnorm", tokens=33, kind="zero"),
+         Case(entry="window_publish", tokens=40, active_tokens=33, requests=3),
+         Case(entry="sparse_attention", tokens=6, tp=2, kind="sink", seed=5))
+
+
+@pytest.fixture(scope="module")
+def estimator():
+    platform = A5SimPlatform(verify=verify.ESTIMATE_LEVEL)
+    yield platform
+    platform.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.entry)
+def test_estimate_only_gives_the_validated_estimate(a5sim, estimator, case):
+    checked = run_case(case, platform=a5sim)
+    assert checked.status == "pass", checked.failure_text()
+    est = run_case(case, platform=estimator)
+    assert est.status == "estimate" and est.verdicts == [] and est.verify_level == "cost"
+    assert "nothing compared" in est.reason
+    assert est.estimated_a5_us() is not None
+    assert est.estimated_a5_us() == checked.estimated_a5_us()
+    assert [c["rank"] for c in est.costs] == [c["rank"] for c in checked.costs]
+
+
+def test_estimate_only_outputs_are_not_computed(estimator):
+    """The interpreter really is off: a launch's output keeps the value it was given."""
+    import torch
+
+    from harness import registry
+
+    case = Case(entry="rmsnorm", tokens=1)
+    entry = registry.get("rmsnorm")
+    inputs = entry.build_inputs(case.config, case)
+    out = entry.sut_for("a5sim")[1](estimator, case.config, case, inputs).outputs
+    golden = entry.golden(case.config, case, entry.build_inputs(case.config, case))
+    name = next(iter(golden))
+    assert not torch.allclose(out[name].float(), golden[name].float(), atol=1e-2)
+
+
+def test_estimate_only_run_refuses_to_save(estimator, tmp_path):
+    with pytest.raises(ValueError, match="save_root: an estimate-only platform"):
+        run_case(Case(entry="rmsnorm", tokens=1), platform=estimator, save_root=str(tmp_path))
+    assert not any(tmp_path.iterdir())
+
+
+def test_cost_level_is_not_accepted_from_the_environment(monkeypatch):
+    monkeypatch.setenv(verify.ENV_VERIFY, "cost")
+    with pytest.raises(PlatformError, match="V41_VERIFY: 'cost' is not one of"):
+        A5SimPlatform()
+    with pytest.raises(PlatformError, match="verify: 'bogus' is not one of"):
+        A5SimPlatform(verify="bogus")
