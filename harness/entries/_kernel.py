@@ -21,11 +21,21 @@ def active_count(num_tokens: torch.Tensor, tokens: int) -> int:
 
 def sequential_cost(records: list[dict]) -> dict:
     """One rank's cost record for launches run one after another (host-chunked work):
-    estimated times and cycles add, ``launches`` counts them; None if any launch lacks one."""
+    estimated times and cycles add, ``launches`` counts them; None if any launch lacks one.
+    Records that name their ``module`` also give ``by_module``: the estimated time per
+    module, summed, in order of first launch."""
     total = dict(records[0], launches=len(records))
+    total.pop("module", None)
     for key in ("aicore_e2e_us", "total_cycles"):
         values = [r.get(key) for r in records]
         total[key] = None if None in values else sum(values)
+    if any("module" in r for r in records):
+        parts: dict = {}
+        for r in records:
+            name = r.get("module", "?")
+            parts[name] = None if r.get("aicore_e2e_us") is None or parts.get(name, 0) is None \
+                else parts.get(name, 0) + r["aicore_e2e_us"]
+        total["by_module"] = parts
     return total
 
 

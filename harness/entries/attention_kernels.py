@@ -91,11 +91,14 @@ class RankLauncher:
             if self.trace is not None:
                 self.trace.append((module, axes, {**args, **outs}))
             return outs
-        key = launch_key(module, axes, options, args) if self.memo is not None else None
+        key = None if self.memo is None else launch_key(module, axes, options, args,
+                                                         data=not self.memo.by_shape)
         if key is not None and (hit := self.memo.get(key)) is not None:
             outputs, record = hit
             if record:
                 self.records.append(record)
+            if outputs is None:  # a shape-keyed estimate: nothing was computed to hand back
+                return _uncomputed_outputs(self.config, module, axes, args)
             return {k: v.clone() for k, v in outputs.items()}
         from harness.platforms import KernelSpec
         program = self.platform.compile(KernelSpec(module, options or {}), self.config, axes)
@@ -110,9 +113,11 @@ class RankLauncher:
         result.raise_for_error()
         record = result.cost_record()
         if record:
+            record["module"] = module
             self.records.append(record)
         if key is not None:
-            self.memo.put(key, ({k: v.clone() for k, v in result.outputs.items()}, record))
+            kept = None if self.memo.by_shape else {k: v.clone() for k, v in result.outputs.items()}
+            self.memo.put(key, (kept, record))
         return dict(result.outputs)
 
     def rows(self, module: str, axes: dict, n: int, chunk: int, row_args: dict, args: dict, *,
@@ -135,8 +140,32 @@ class RankLauncher:
         return [sequential_cost(self.records)] if self.records else []
 
 
-def launch_key(module: str, axes: dict, options: dict | None, args: dict) -> tuple:
-    """The identity of a launch: module, options, axes and every input byte.  The a5sim
+def _uncomputed_outputs(config, module: str, axes: dict, args: dict) -> dict:
+    """What an estimate-only launch hands back: its inout arguments unchanged, its outputs
+    filled with the sentinels (nothing was computed)."""
+    import importlib
+    abi = importlib.import_module(module).abi(config, axes)
+    outs = {}
+    for a in abi:
+        if a.role == "inout":
+            outs[a.name] = args[a.name]
+        elif a.role == "out":
+            dtype = getattr(torch, a.dtype)
+            outs[a.name] = torch.full(a.shape, SENTINEL if dtype.is_floating_point else ROW_SENTINEL,
+                                      dtype=dtype)
+    return outs
+
+
+_METADATA_DTYPES = (torch.int16, torch.int32, torch.int64, torch.bool)
+
+
+def launch_key(module: str, axes: dict, options: dict | None, args: dict, *,
+               data: bool = True) -> tuple:
+    """The identity of a launch: module, options, axes and every input byte.  ``data=False``
+    (estimate-only launches) keeps the names, dtypes and shapes of every input but the bytes
+    of the integer metadata only (counts, positions, slots, row ids: INT16/32/64 and bool):
+    the cost model follows valid counts held in tensors, not activation, weight or cache
+    payloads (float and uint8 codes) -- ``tests/platforms/test_a5sim_estimate_only.py``.  The a5sim
     interpreter is deterministic, so a launch equal to an earlier one of the same case (the
     replicated pieces every TP rank runs on its own replica, an epoch repeating the same
     inputs, a rerun of the same case) returns the earlier outputs and cost record instead of
@@ -146,7 +175,8 @@ def launch_key(module: str, axes: dict, options: dict | None, args: dict) -> tup
     for name in sorted(args):
         t = args[name].contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel() and (data or t.dtype in _METADATA_DTYPES):
+            h.update(t.view(torch.uint8).numpy().tobytes())
     return module, repr(sorted((options or {}).items())), repr(sorted(axes.items())), h.hexdigest()
 
 
@@ -154,8 +184,9 @@ class LaunchMemo:
     """Outputs of earlier a5sim launches by :func:`launch_key`, least recently used first
     out, at most ``budget`` bytes of outputs (process-wide: one per worker process)."""
 
-    def __init__(self, budget: int = 512 << 20):
+    def __init__(self, budget: int = 512 << 20, *, by_shape: bool = False):
         self.budget, self.used, self.items = budget, 0, {}
+        self.by_shape = by_shape  # keys without payload bytes; only cost records are kept
 
     def get(self, key):
         hit = self.items.pop(key, None)
@@ -164,18 +195,18 @@ class LaunchMemo:
         return hit
 
     def put(self, key, value) -> None:
-        size = sum(t.numel() * t.element_size() for t in value[0].values())
+        size = sum(t.numel() * t.element_size() for t in (value[0] or {}).values())
         if size > self.budget // 4:
             return
         while self.items and self.used + size > self.budget:
             old = self.items.pop(next(iter(self.items)))
-            self.used -= sum(t.numel() * t.element_size() for t in old[0].values())
+            self.used -= sum(t.numel() * t.element_size() for t in (old[0] or {}).values())
         self.items[key] = value
         self.used += size
 
 
 MEMO = LaunchMemo()
-ESTIMATE_MEMO = LaunchMemo(64 << 20)  # cost-only launches: never mixed with computed ones
+ESTIMATE_MEMO = LaunchMemo(by_shape=True)  # cost-only launches: records by shape, no outputs
 
 
 def _rope(launch: RankLauncher, cos_t, sin_t, pos, n: int):

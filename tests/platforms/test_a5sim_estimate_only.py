@@ -62,3 +62,19 @@ def test_cost_level_is_not_accepted_from_the_environment(monkeypatch):
         A5SimPlatform()
     with pytest.raises(PlatformError, match="verify: 'bogus' is not one of"):
         A5SimPlatform(verify="bogus")
+
+
+@pytest.mark.parametrize("pair", [
+    (Case(entry="window_publish", tokens=40, active_tokens=33, requests=3, seed=17),
+     Case(entry="window_publish", tokens=40, active_tokens=33, requests=3, seed=5)),
+    (Case(entry="sparse_attention", tokens=6, tp=2, kind="sink", seed=5),
+     Case(entry="sparse_attention", tokens=6, tp=2, kind="mixed", seed=11))],
+    ids=lambda p: p[0].entry)
+def test_the_estimate_depends_on_shapes_not_payload(estimator, pair):
+    """Other activations, weights and caches at the same shapes cost the same: what lets
+    the decode leaves reuse an estimate-only launch whose shapes and integer metadata match
+    (``LaunchMemo(by_shape=True)``; valid counts held in tensors do change the estimate, so
+    the metadata stays in the key)."""
+    a, b = (run_case(c, platform=estimator) for c in pair)
+    assert a.status == b.status == "estimate"
+    assert a.estimated_a5_us() == b.estimated_a5_us()
