@@ -18,8 +18,9 @@ cores x ``ddr_rate`` x ``cube_freq``; a cube dtype's peak = cube cores x m*k*n o
 ``--json`` prints one JSON object per case (one per line) instead of the table.
 ``--estimate-only`` runs each case's launches through the cost model alone (a5sim's
 ``cost`` level: compiled, not interpreted): the estimate is the same figure a validated run
-reports (``tests/harness/test_bench_estimate_only.py`` checks that per kernel at TINY), at a
-fraction of the interpreter's time and memory, so FLASH shapes the interpreter cannot
+reports (``tests/platforms/test_a5sim_estimate_only.py`` checks rmsnorm, window_publish and
+sparse_attention at TINY; the decode leaves and compositions were compared case by case),
+at a fraction of the interpreter's time and memory, so FLASH shapes the interpreter cannot
 afford still get a figure.  Its rows say ``status: estimate`` and ``verify_level: cost``:
 nothing was computed or compared in that run.
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
@@ -195,7 +196,26 @@ def main(argv: list[str] | None = None) -> int:
                          "estimates for shapes too large to interpret")
     ap.add_argument("--plot", metavar="FILE", default=None,
                     help="also draw the roofline chart of these rows into FILE (.png or .svg)")
+    ap.add_argument("--gate", action="store_true",
+                    help="the first TINY case of each named entry; without names the CI set "
+                         "(every building block, one decode composition per attention family)")
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--save-baseline", metavar="FILE", default=None,
+                      help="write these cases' estimates to FILE (JSON baseline)")
+    base.add_argument("--check", metavar="FILE", default=None,
+                      help="fail (exit 1) when a case's estimate is > 5 %% above FILE's")
     args = ap.parse_args(argv)
+    from harness import bench_baseline as bb
+    flag_problem = (bb.refuse_gate_flags(args.gate, args.preset, args.tokens)
+                    or (args.save_baseline and bb.check_save_path(args.save_baseline)))
+    if flag_problem:
+        print(flag_problem, file=sys.stderr)
+        return 2
+    try:
+        baseline = bb.load_baseline(args.check) if args.check else None
+    except bb.BaselineError as err:
+        print(f"bench: {err}", file=sys.stderr)
+        return 2
     if args.plot is not None:
         from harness.plots import PlotError, check_image_path, require_matplotlib
         try:
@@ -212,12 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    cases = bench_cases(args.entries, args.preset, args.tokens)
+    cases = (bb.gate_cases(args.entries) if args.gate
+             else bench_cases(args.entries, args.preset, args.tokens))
     if not cases:
         print("bench: no kernel entry matches", file=sys.stderr)
         return 2
     plat = topology.read_platform()
     topo = _topology_record()
+    sel = bb.selection(args.preset, args.tokens, args.gate)
+    mismatch = baseline and bb.comparable(baseline, sel, topo, bb.pypto_version())
+    if mismatch:
+        print(mismatch, file=sys.stderr)
+        return 1
     rows, bad = [], 0
     for case in cases:
         entry = registry.get(case.entry)
@@ -236,6 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         left = f"; not on it: {', '.join(data['left_off'])}" if data["left_off"] else ""
         print(f"roofline chart: {path} ({len(data['points'])} cases{left})",
               file=sys.stderr if args.json else sys.stdout)
+    if args.save_baseline:
+        refused = bb.save_baseline(args.save_baseline, rows, sel, bb.pypto_version())
+        print(refused or f"baseline: {args.save_baseline} ({len(rows)} cases)", file=sys.stderr)
+        bad += refused is not None
+    if baseline:
+        from rich.console import Console
+        lines = bb.check_rows(baseline, rows, args.entries)
+        bb.report(lines, args.check, Console(stderr=args.json, width=200))
+        bad += bb.failed(lines)
     return 1 if bad else 0
 
 
