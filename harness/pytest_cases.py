@@ -6,16 +6,23 @@ are separate parameters so ``--tp 4`` selection and the queue runner's card coun
 them.  FLASH-shape cases carry the ``slow`` marker; cases whose system under test on a5sim
 is a second path through the goldens (no kernel) carry ``golden_alt``, so
 ``-m "not golden_alt"`` runs kernels only.
+
+Inside :func:`shared_platform` (``cases/conftest.py``: one per test module) the a5sim kernel
+cases run on one platform object, so its launch worker (pypto imported, calculator loaded)
+is started once per module instead of once per case; the worker is still replaced after
+``V41_WORKER_JOBS`` launches and after any failed launch.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
 from harness import registry
 from harness.case import Case
 from harness.pytest_plugin import RunOptions
-from harness.runner import run_case, sut_kind
+from harness.runner import load_platform, run_case, sut_kind
 
 ARGNAMES = "case,tp,dp,ep,wiring,preset"
 
@@ -32,10 +39,32 @@ def entry_params(name: str) -> list:
     return params
 
 
+_SHARED: dict[str, object] = {}  # platform name -> the platform shared_platform opened
+
+
+@contextlib.contextmanager
+def shared_platform(options: RunOptions):
+    """While active, :func:`check_case` runs the kernel cases of ``options.platform`` on one
+    platform object (a5sim only: a card platform is per case, with the case's devices);
+    the platform is closed on exit."""
+    if options.platform != "a5sim" or options.platform in _SHARED:
+        yield
+        return
+    platform = _SHARED[options.platform] = load_platform(options.platform)
+    try:
+        yield
+    finally:
+        del _SHARED[options.platform]
+        platform.close()
+
+
 def check_case(case: Case, options: RunOptions) -> None:
-    """Run ``case`` on the selected platform; skip with the platform's reason, fail with
-    every failing verdict line."""
+    """Run ``case`` on the selected platform (the :func:`shared_platform` one for a kernel
+    case when there is one); skip with the platform's reason, fail with every failing
+    verdict line."""
     case = case.with_(platform=options.platform)
+    kernel = registry.get(case.entry).sut_for(case.platform)[0].startswith("kernel:")
+    platform = _SHARED.get(case.platform) if kernel else None
     cards = None
     if options.platform == "a5":
         if options.devices is None:
@@ -44,7 +73,7 @@ def check_case(case: Case, options: RunOptions) -> None:
             pytest.fail(f"--device: {len(options.devices)} cards given, case needs {case.cards}")
         cards = len(options.devices)
     result = run_case(case, save_root=options.save_data, cards_available=cards,
-                      devices=options.devices)
+                      platform=platform, devices=options.devices)
     if result.status == "skip":
         pytest.skip(result.reason)
     if result.status != "pass":

@@ -205,7 +205,8 @@ class LaunchMemo:
         self.used += size
 
 
-MEMO = LaunchMemo()
+MEMO = LaunchMemo()  # launches verified at the default level (tensor)
+MEMOS: dict = {}  # other verify levels, one memo each (:func:`launch_memo`)
 ESTIMATE_MEMO = LaunchMemo(by_shape=True)  # cost-only launches: records by shape, no outputs
 
 
@@ -449,11 +450,15 @@ def reuse_launches(platform) -> bool:
 
 
 def launch_memo(platform) -> LaunchMemo | None:
-    """The memo launches on ``platform`` may reuse (None: reuse off); an estimate-only
-    platform's uncomputed outputs live in their own memo."""
+    """The memo launches on ``platform`` may reuse (None: reuse off): one per verify level,
+    so a launch checked at ``tensor`` never stands in for one that must be ``lowered``; an
+    estimate-only platform's uncomputed outputs live in their own memo."""
     if not reuse_launches(platform):
         return None
-    return ESTIMATE_MEMO if getattr(platform, "estimate_only", False) else MEMO
+    if getattr(platform, "estimate_only", False):
+        return ESTIMATE_MEMO
+    level = getattr(platform, "verify_level", None)
+    return MEMO if level in (None, "tensor") else MEMOS.setdefault(level, LaunchMemo())
 
 
 def kernel_sut(layer: int):

@@ -71,3 +71,19 @@ def test_shape_keys_ignore_payload_bytes_but_not_metadata_shapes_dtypes_or_axes(
     count = {"num_tokens": torch.tensor([3], dtype=torch.int32)}
     assert k({**_args(1), **count}) != k({**_args(1), "num_tokens": torch.tensor([2], dtype=torch.int32)})
     assert ROW_SENTINEL < 0  # integer outputs of an uncomputed launch read as "no row"
+
+
+def test_each_verify_level_has_its_own_memo():
+    from harness.entries.attention_kernels import ESTIMATE_MEMO, MEMO, launch_memo
+
+    class P:
+        name, estimate_only = "a5sim", False
+
+        def __init__(self, level):
+            self.verify_level = level
+
+    tensor, lowered = launch_memo(P("tensor")), launch_memo(P("lowered"))
+    assert tensor is MEMO and lowered is not MEMO and lowered is launch_memo(P("lowered"))
+    est = P("cost")
+    est.estimate_only = True
+    assert launch_memo(est) is ESTIMATE_MEMO and ESTIMATE_MEMO.by_shape

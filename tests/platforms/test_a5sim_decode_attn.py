@@ -4,9 +4,15 @@ with one defect at a time, each caught by the verdict that names it: a corrupted
 row, a write outside the mode's cache ownership, a non-zero inactive row; a rank whose
 partial never reaches the transport window fails the run naming the stale rank; bad
 metadata is refused on the host before anything is compiled or launched.
+
+Cost: a mode's kernels run once (its tests are grouped by the module-scoped ``mode``).  The
+stale-window run is made by the same fixture right after the real run, so every launch in
+it reuses one of that run's launches (``attention_kernels.launch_key``): host work only.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -31,19 +37,36 @@ def failing(verdicts) -> set[tuple[str, str]]:
     return {(v.output, v.check) for v in verdicts if not v.passed}
 
 
-@pytest.fixture(scope="module")
-def runs(a5sim):
-    """mode -> (case, inputs, golden, kernel outputs): one kernel run per mode."""
-    done = {}
+def _drop_rank1(publish):
+    def drop(self, rank, epoch, partial):
+        if rank != 1:
+            publish(self, rank, epoch, partial)
+    return drop
 
-    def get(mode):
-        if mode not in done:
-            case = _case(mode)
-            sut = registry.get(case.entry).kernels["a5sim"]
-            verdicts, out, gold = run_with(a5sim, case, sut)
-            done[mode] = (case, verdicts, out, gold)
-        return done[mode]
-    return get
+
+@pytest.fixture(scope="module", params=MODES)
+def mode(request):
+    """The mode, module-scoped so each mode's tests run one after another (pytest groups
+    them) and share :func:`run`."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def run(a5sim, mode):
+    """(case, verdicts, kernel outputs, golden, stale) of ``mode``: one kernel run, then the
+    same case again with rank 1's partial never published to the reduce window (``stale``:
+    the exception that run raised, or None)."""
+    case = _case(mode)
+    sut = registry.get(case.entry).kernels["a5sim"]
+    verdicts, out, gold = run_with(a5sim, case, sut)
+    stale = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TpGroup, "publish_reduce", _drop_rank1(TpGroup.publish_reduce))
+        try:
+            run_with(a5sim, case, sut)
+        except Exception as err:  # noqa: BLE001 - the test asserts its type and text
+            stale = err
+    return case, verdicts, out, gold, stale
 
 
 def _compare(case, out, gold):
@@ -51,9 +74,8 @@ def _compare(case, out, gold):
     return entry.compare(case.config, case, entry.build_inputs(case.config, case), gold, out)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(runs, mode):
-    case, verdicts, out, gold = runs(mode)
+def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(run, mode):
+    case, verdicts, out, gold, _ = run
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
 
     bad = clone_tensors(out)
@@ -75,18 +97,10 @@ def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(runs, mode):
         or failing(_compare(case, bad, gold)) == {("g0.out", "zero_rows")}
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_stale_transport_window_fails_naming_the_rank(a5sim, runs, monkeypatch, mode):
-    runs(mode)  # the launches are reused (same inputs): this run costs the host work only
-    publish = TpGroup.publish_reduce
-
-    def drop_rank1(self, rank, epoch, partial):
-        if rank != 1:
-            publish(self, rank, epoch, partial)
-    monkeypatch.setattr(TpGroup, "publish_reduce", drop_rank1)
-    case = _case(mode)
-    with pytest.raises(TransportError, match=r"ranks \[1\] have not published"):
-        run_with(a5sim, case, registry.get(case.entry).kernels["a5sim"])
+def test_a_stale_transport_window_fails_naming_the_rank(run):
+    stale = run[-1]  # its launches were reused (same inputs): host work only
+    assert isinstance(stale, TransportError), f"expected TransportError, got {stale!r}"
+    assert re.search(r"ranks \[1\] have not published", str(stale)), str(stale)
 
 
 @pytest.mark.parametrize("mode", ("swa", "c2a_full", "c1a_reindex"))
