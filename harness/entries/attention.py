@@ -1,10 +1,12 @@
-"""The six attention modes, decode and prefill: twelve entries built from one table.
-
-``decode_<mode>`` / ``prefill_<mode>`` for mode in swa, c2a_full, c2a_reuse, c1a_full,
-c1a_reindex, c1a_reuse run the mode's representative layer of the preset
-(``config.representative_layer``).  Fixture: ``attention_fixture``; reference and
-alternate path: ``attention_paths`` (no v41 kernel exists for these modes yet, so the SUT
-is the labelled per-rank recomposition through the golden pieces and host transports).
+"""The six attention modes' leaves, one table: ``decode_attn_<mode>`` on v41 kernels
+(:mod:`harness.entries.attention_kernels`; the prefill leaves ``prefill_attn_<mode>`` are
+built from the same pieces in :mod:`harness.entries.prefill_attn`) and the golden-alt
+recompositions ``golden_alt_decode_attn_<mode>`` / ``golden_alt_prefill_attn_<mode>`` (the
+per-rank recomposition through the golden pieces and host transports, kept as golden
+self-consistency checks), for mode in swa, c2a_full, c2a_reuse, c1a_full, c1a_reindex,
+c1a_reuse at the mode's representative layer of the preset
+(``config.representative_layer``).  Fixture: ``attention_fixture``; reference:
+``attention_paths``.
 
 Comparison per DP group ``g`` (output names carry ``g{g}.``):
 
@@ -225,13 +227,9 @@ def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[C
 def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
     """The entry of ``spec``'s mode in ``phase``: ``sut="kernel"`` the v41 leaf
     ``decode_attn_<mode>`` (:mod:`harness.entries.attention_kernels`); otherwise the
-    golden-alt recomposition (decode: ``golden_alt_decode_attn_<mode>``, prefill:
-    ``prefill_<mode>`` until its kernels exist)."""
+    golden-alt recomposition ``golden_alt_<phase>_attn_<mode>``."""
     kernel = sut == "kernel"
-    if phase == "decode":
-        name = f"decode_attn_{spec.mode.value}" if kernel else f"golden_alt_decode_attn_{spec.mode.value}"
-    else:
-        name = f"{phase}_{spec.mode.value}"
+    name = f"{phase}_attn_{spec.mode.value}" if kernel else f"golden_alt_{phase}_attn_{spec.mode.value}"
     wirings = ("replicated", "sharded") if phase == "decode" else ("replicated",)
     support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings, kinds=KINDS,
                       inactive_rows=True)

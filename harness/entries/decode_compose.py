@@ -24,6 +24,16 @@ checks on ``out``; ``pre_out`` by the per-row bound; ``x_hc_out`` by the per-row
 against ``hc_post`` REPLAYED on the SUT's own attention output with the golden mixes (the
 contract's replay, so an attention difference inside its budget is not charged twice);
 ``attention_output`` byte-equal to ``out`` on active rows and to its input elsewhere.
+
+``prefill_<mode>`` is the same composition as the contract's prefill sequence-parallel
+site (residuals token-sharded: the sharded wiring only; its golden is this replicated-form
+composition, which ``tests/goldens/test_prefill_sp.py`` proves byte-equal on active rows to
+the SP golden ``goldens.prefill_sp``):
+each rank's mHC kernels run over its ACTIVE rows only, ``max(0, min(T_local, n - r*T_local))``,
+and every inactive row of ``x_hc_out``, ``pre_out`` and ``attention_output`` is exact zero
+(checked on its own), not an untouched InOut: no kernel runs on those rows, the zeros are
+the host's output buffers as allocated.  Per-DP-group token counts (``--dp-tokens``) and
+the contract's eight-card prefill checks are not modelled yet.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import torch
 from goldens.mhc import HcSiteWeights, hc_mixes, hc_post, hc_pre, initial_pre_mix
 from goldens.norm import rms_norm
 from harness.case import Case, Support, standard_matrix
-from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
+from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel, check_zero_rows
 from harness.entries import attention, attention_kernels
 from harness.entries import attention_fixture as fixture
 from harness.entries import attention_paths as paths
@@ -70,6 +80,11 @@ def _site(inputs) -> HcSiteWeights:
     return HcSiteWeights(inputs["w.hc.fn"], inputs["w.hc.scale"], inputs["w.hc.base"])
 
 
+def sequence_parallel(case) -> bool:
+    """The prefill SP site: inactive rows exact zero in every composition output."""
+    return case.entry.startswith("prefill_")
+
+
 def golden(config, case, inputs, layer: int) -> dict:
     leaf_inputs, mixes = dict(inputs), []
     for g in range(case.dp):
@@ -87,6 +102,9 @@ def golden(config, case, inputs, layer: int) -> dict:
     result["x_hc_out"] = torch.stack([hc_post(result["out"][g], inputs[f"g{g}.x_hc"], m.post, m.comb, config)
                                       for g, m in enumerate(mixes)])
     result["pre_out"] = torch.stack([m.pre for m in mixes])
+    if sequence_parallel(case):
+        for name in ("attention_output", "x_hc_out", "pre_out"):
+            result[name][:, case.active:] = 0
     return result
 
 
@@ -97,15 +115,26 @@ def compare(spec, config, case, inputs, gold, actual) -> list:
     for name in ("x_hc_out", "pre_out", "attention_output"):
         if name not in actual:
             return verdicts + attention._missing(name)
+    sp = sequence_parallel(case)
+    rows = slice(0, n) if sp else slice(None)
+    hc = config.hc.hc_mult
     for g in range(case.dp):
         post, comb = gold[f"g{g}.mix_post"], gold[f"g{g}.mix_comb"]
-        replay = hc_post(actual["out"][g], inputs[f"g{g}.x_hc"], post, comb, config)
-        lanes = actual["x_hc_out"][g].reshape(-1, config.hidden_size)
+        replay = hc_post(actual["out"][g], inputs[f"g{g}.x_hc"], post, comb, config)[rows]
+        lanes = actual["x_hc_out"][g][rows].reshape(-1, config.hidden_size)
         verdicts += check_row_bound(f"g{g}.x_hc_out", lanes, replay.reshape(lanes.shape))
         verdicts += check_sentinel(f"g{g}.x_hc_out", lanes, SENTINEL, ref=replay.reshape(lanes.shape))
-        verdicts += check_row_bound(f"g{g}.pre_out", actual["pre_out"][g], gold["pre_out"][g])
-        verdicts += check_sentinel(f"g{g}.pre_out", actual["pre_out"][g], SENTINEL, ref=gold["pre_out"][g])
-        expect = inputs["attention_output"][g].clone()
+        verdicts += check_row_bound(f"g{g}.pre_out", actual["pre_out"][g][rows], gold["pre_out"][g][rows])
+        verdicts += check_sentinel(f"g{g}.pre_out", actual["pre_out"][g][rows], SENTINEL,
+                                   ref=gold["pre_out"][g][rows])
+        if sp:  # inactive rows exact zero, each output on its own
+            T = case.tokens
+            verdicts += check_zero_rows(f"g{g}.x_hc_out", actual["x_hc_out"][g].reshape(T, hc * config.hidden_size),
+                                        rows=slice(n, T))
+            verdicts += check_zero_rows(f"g{g}.pre_out", actual["pre_out"][g], rows=slice(n, T))
+            expect = torch.zeros_like(actual["attention_output"][g])
+        else:
+            expect = inputs["attention_output"][g].clone()
         expect[:n] = actual["out"][g][:n]
         verdicts += check_non_owned_bytes(f"g{g}.attention_output", actual["attention_output"][g], expect)
     return verdicts
@@ -133,9 +162,11 @@ class KernelSite:
         return self.launchers[key]
 
     def rows(self, rank: int) -> tuple[int, int]:
-        """(first, count) of the capacity rows this rank's mHC kernels own."""
+        """(first, count) of the capacity rows this rank's mHC kernels run over: every row of
+        its slab (decode), its active rows only (prefill SP: the rest stay zero)."""
         first = rank * self.width if self.case.wiring == "sharded" else 0
-        return first, max(0, min(self.width, self.case.tokens - first))
+        end = self.case.active if sequence_parallel(self.case) else self.case.tokens
+        return first, max(0, min(self.width, end - first))
 
     def prepare(self, rank: int, epoch: int) -> torch.Tensor:
         cfg, inp, g = self.config, self.inputs, self.g
@@ -198,6 +229,8 @@ def kernel_sut(layer: int):
         for g, o in enumerate(outs):
             out[g] = o
         att = inputs["attention_output"]
+        if sequence_parallel(case):  # the SP site's attention output: its shards, padding zero
+            att.zero_()
         att[:, :case.active] = out[:, :case.active]
         inputs["x_hc_out"].copy_(torch.stack(x_hc))
         inputs["pre_out"].copy_(torch.stack(pre))
@@ -248,11 +281,27 @@ def _matrix(name: str, support: Support):
     return tuple(cases), slow
 
 
-def _make(spec) -> Entry:
-    name = f"decode_{spec.mode.value}"
-    support = Support(phase="decode", tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=("replicated", "sharded"),
+def _prefill_matrix(name: str):
+    """The prefill SP composition (residuals token-sharded: the sharded wiring only): TP2
+    with reserved capacity (13 rows, 11 active: shards of 7, the second with 4 active) and
+    the first site's one-hot pre-mix by default; TP4 with the reserved 33/31 batch and TP1
+    under ``slow`` (a TINY prefill composition costs 60-250 s here)."""
+    base = Case(entry=name, tokens=24, requests=3, wiring="sharded")
+    cases = (base.with_(tp=2, tokens=13, active_tokens=11, kind="first"),)
+    slow = (base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
+            base.with_(kind="long"))
+    return cases, slow
+
+
+def _make(spec, phase: str = "decode") -> Entry:
+    """``decode_<mode>`` (both wirings) or, for ``phase="prefill"``, the sequence-parallel
+    ``prefill_<mode>`` (sharded wiring: local mHC, all-gather of the attention input,
+    reduce-scatter of the FP32 partials; golden equal to ``goldens.prefill_sp``)."""
+    name = f"{phase}_{spec.mode.value}"
+    wirings = ("replicated", "sharded") if phase == "decode" else ("sharded",)
+    support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings,
                       kinds=KINDS, inactive_rows=True)
-    matrix, slow = _matrix(name, support)
+    matrix, slow = _matrix(name, support) if phase == "decode" else _prefill_matrix(name)
 
     def layer(config):
         return config.representative_layer(spec.mode)
@@ -269,8 +318,9 @@ def _make(spec) -> Entry:
 
     return register(Entry(
         name=name,
-        description=f"decode {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
-                    f"attn_norm, the decode_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank)",
+        description=f"{phase} {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
+                    f"attn_norm, the {phase}_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank"
+                    f"{'' if phase == 'decode' else ', residuals token-sharded'})",
         support=support, matrix=matrix, slow_cases=slow,
         build_inputs=guarded(lambda c, k: build_inputs(c, k, layer(c))),
         golden=guarded(lambda c, k, i: golden(c, k, i, layer(c))),
@@ -281,3 +331,4 @@ def _make(spec) -> Entry:
 
 
 ENTRIES = {e.name: e for e in (_make(s) for s in attention.MODES)}
+PREFILL_ENTRIES = {e.name: e for e in (_make(s, "prefill") for s in attention.MODES)}

@@ -6,8 +6,8 @@ Same building blocks, fixture, golden and comparison as the decode leaves
 :func:`harness.entries.attention_kernels.rank_partial` over the group's active rows, here
 with prefill batches (requests of 4-8 new tokens over a cached prefix, chunks longer than
 the ratio-2 state ring, causal rows inside each chunk from the page tables), the TP sum on
-the host's FP32 all-reduce.  The golden-alt ``prefill_<mode>`` entries stay until the
-sequence-parallel compositions take their names.
+the host's FP32 all-reduce.  The sequence-parallel compositions around them are
+``prefill_<mode>`` (:mod:`harness.entries.decode_compose`).
 
 Default matrix (cost of a TINY prefill case on a5sim: 40-200 s): TP1 (one rank, every
 launch at full size) and the (2,2) split with two epochs (DP groups independent, replicas

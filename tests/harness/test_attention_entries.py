@@ -50,7 +50,7 @@ def failed(result) -> set[tuple[str, str]]:
 
 def test_every_entry_is_registered_with_its_matrix():
     modes = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
-    assert set(attention.ENTRIES) == ({f"prefill_{m}" for m in modes} | {f"decode_attn_{m}" for m in modes}
+    assert set(attention.ENTRIES) == ({f"golden_alt_prefill_attn_{m}" for m in modes} | {f"decode_attn_{m}" for m in modes}
                                       | {f"golden_alt_decode_attn_{m}" for m in modes})
     for name, entry in attention.ENTRIES.items():
         combos = {(c.tp, c.dp, c.wiring) for c in entry.matrix}
@@ -101,7 +101,7 @@ def test_a_wrong_output_row_fails_the_row_bound(monkeypatch):
 def test_a_wrong_row_of_the_second_dp_group_fails_the_c2a_budget(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out"][1, 1] *= 1.1
-    result = run_broken(monkeypatch, "prefill_c2a_full", mutate, tp=1, dp=2)
+    result = run_broken(monkeypatch, "golden_alt_prefill_attn_c2a_full", mutate, tp=1, dp=2)
     assert failed(result) == {("g1.out", "row_rel_l2"), ("g1.out", "rel_l2"), ("g1.out", "cosine")}
     row = next(v for v in result.verdicts if v.check == "row_rel_l2" and not v.passed)
     assert row.failing_rows == (1,)
@@ -119,7 +119,7 @@ def test_a_non_zero_padding_row_fails(monkeypatch):
 def test_a_missing_write_leaves_the_sentinel(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out"][0, 3] = SENTINEL
-    assert ("g0.out", "sentinel") in failed(run_broken(monkeypatch, "prefill_swa", mutate))
+    assert ("g0.out", "sentinel") in failed(run_broken(monkeypatch, "golden_alt_prefill_attn_swa", mutate))
 
 
 @pytest.mark.parametrize("entry,key", [("golden_alt_decode_attn_c2a_reuse", "g0.cache.compressed_kv.L2"),
@@ -198,7 +198,7 @@ def test_sharded_slab_tail_must_come_back(monkeypatch):
 def test_a_missing_cache_output_is_a_failure(monkeypatch):
     def mutate(config, case, inputs, out):
         del out["g0.cache.window_kv.L6"]
-    assert failed(run_broken(monkeypatch, "prefill_c1a_reindex", mutate)) == {("g0.cache.window_kv.L6", "present")}
+    assert failed(run_broken(monkeypatch, "golden_alt_prefill_attn_c1a_reindex", mutate)) == {("g0.cache.window_kv.L6", "present")}
 
 
 def _swap_one(out, token: int):

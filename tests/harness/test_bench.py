@@ -144,9 +144,9 @@ def test_unknown_entry_is_not_registered_with_close_matches(capsys):
 
 
 def test_entry_without_kernel_says_no_kernel_yet(capsys):
-    assert registry.get("prefill_swa").kernels == {}
-    assert bench.main(["prefill_swa"]) == 2
-    assert "'prefill_swa' has no kernel yet" in capsys.readouterr().err
+    assert registry.get("golden_alt_prefill_attn_swa").kernels == {}
+    assert bench.main(["golden_alt_prefill_attn_swa"]) == 2
+    assert "'golden_alt_prefill_attn_swa' has no kernel yet" in capsys.readouterr().err
 
 
 def test_bad_tokens_refused_before_any_work(capsys):

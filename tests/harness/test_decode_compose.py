@@ -79,3 +79,52 @@ def test_hc_post_is_replayed_on_the_suts_own_attention_output(golden_run):
                                     case.config)
     bad = _failing(entry, case, inputs, gold, actual)
     assert not {b for b in bad if b[0] == "g0.x_hc_out"}
+
+
+# ---- prefill_<mode>: the sequence-parallel site (inactive rows exact zero) ---------------------
+
+def test_six_prefill_sp_compositions_are_sharded_with_reserved_capacity():
+    assert set(decode_compose.PREFILL_ENTRIES) == {f"prefill_{m}" for m in MODES}
+    for name, entry in decode_compose.PREFILL_ENTRIES.items():
+        assert set(entry.kernels) == {"a5sim", "a5"} and entry.support.wirings == ("sharded",)
+        assert all(c.wiring == "sharded" and c.active < c.tokens for c in entry.matrix), name
+        assert any(c.kind == "first" and c.tp > 1 for c in entry.matrix), name
+
+
+@pytest.fixture(scope="module")
+def sp_golden_run():
+    entry = decode_compose.PREFILL_ENTRIES["prefill_c1a_reindex"]
+    case = entry.matrix[0]  # TP2, 13 rows, 11 active
+    inputs = entry.build_inputs(case.config, case)
+    gold = entry.golden(case.config, case, clone_tensors(inputs))
+    return entry, case, inputs, gold
+
+
+def test_the_sp_golden_zeroes_every_inactive_row_and_passes_as_sut(sp_golden_run):
+    entry, case, inputs, gold = sp_golden_run
+    n = case.active
+    for name in ("x_hc_out", "pre_out", "attention_output"):
+        assert bool((gold[name][:, n:] == 0).all()), name
+        assert bool((gold[name][:, :n] != 0).any()), name
+    assert all_passed(entry.compare(case.config, case, inputs, gold, _sp_actual(case, gold)))
+
+
+def _sp_actual(case, gold):
+    """The golden as a sharded SUT's result: plus the slab tail past T (zero, none here)."""
+    actual = clone_tensors(gold)
+    tail = -(-case.tokens // case.tp) * case.tp - case.tokens
+    actual["out_slab_tail"] = torch.zeros(case.dp, tail, case.config.hidden_size)
+    return actual
+
+
+@pytest.mark.parametrize("defect,expected", [
+    (lambda a, n: a["x_hc_out"][0, n, 2, 5].fill_(1.0), ("g0.x_hc_out", "zero_rows")),
+    (lambda a, n: a["pre_out"][0, n + 1, 0].fill_(0.25), ("g0.pre_out", "zero_rows")),
+    (lambda a, n: a["attention_output"][0, n, 3].fill_(1.0), ("g0.attention_output", "exact_bytes")),
+    (lambda a, n: a["x_hc_out"][0, 1, 0].mul_(1.5), ("g0.x_hc_out", "row_rms")),
+])
+def test_each_sp_defect_is_caught_by_name(sp_golden_run, defect, expected):
+    entry, case, inputs, gold = sp_golden_run
+    actual = _sp_actual(case, gold)
+    defect(actual, case.active)
+    assert expected in _failing(entry, case, inputs, gold, actual)
