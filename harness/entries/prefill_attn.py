@@ -9,10 +9,10 @@ the ratio-2 state ring, causal rows inside each chunk from the page tables), the
 the host's FP32 all-reduce.  The sequence-parallel compositions around them are
 ``prefill_<mode>`` (:mod:`harness.entries.decode_compose`).
 
-Default matrix (cost of a TINY prefill case on a5sim: 40-200 s): TP1 (one rank, every
-launch at full size) and the (2,2) split with two epochs (DP groups independent, replicas
-compared, cache publication repeated); the TP4 reserved-capacity batch and a TP4 long
-prefix under ``slow``.
+Default matrix (cost of a TINY prefill case on a5sim: 40-200 s): the (2,2) split with two
+epochs (DP groups independent, TP replicas compared, cache publication repeated); TP1 with
+reserved capacity runs in ``tests/platforms/test_a5sim_prefill_attn.py`` (SWA, C1A
+Reindex); TP1, the TP4 reserved-capacity batch and a TP4 long prefix under ``slow``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from harness.registry import Entry, register
 
 def _matrix(name: str) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
     base = Case(entry=name, tokens=24, requests=3)
-    cases = (base.with_(kind="mixed"),
-             base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2))
-    slow = (base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
+    cases = (base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),)
+    slow = (base.with_(kind="mixed"),
+            base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
             base.with_(tp=4, kind="long"),
             base.with_(tokens=12, requests=2, kind="zero"))
     return cases, slow

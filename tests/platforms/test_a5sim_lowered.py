@@ -27,6 +27,15 @@ def _lowered_by_default(case) -> bool:
     return case.entry in DEFAULT_COMPOSED and case.tp * case.dp == 1 and case.wiring == "replicated"
 
 
+def _lowered_cases(entry):
+    """The entry's TINY cases, plus (composed entries) its first TINY slow case when the
+    default matrix has no TP1 case to lower."""
+    cases = [c for c in entry.matrix if c.preset == "tiny"]
+    if entry.name in DEFAULT_COMPOSED and not any(_lowered_by_default(c) for c in cases):
+        cases += [c for c in entry.slow_cases if c.preset == "tiny" and _lowered_by_default(c)][:1]
+    return cases
+
+
 def _kernel_tiny_cases():
     params = []
     for name, entry in registry.entries().items():
@@ -34,7 +43,7 @@ def _kernel_tiny_cases():
             continue
         params += [pytest.param(case, id=case.case_id,
                                 marks=() if _lowered_by_default(case) else pytest.mark.slow)
-                   for case in entry.matrix if case.preset == "tiny"]
+                   for case in _lowered_cases(entry)]
     return params
 
 
