@@ -1,6 +1,7 @@
 """The six attention modes' leaves, one table: ``decode_attn_<mode>`` on v41 kernels
-(:mod:`harness.entries.attention_kernels`; the prefill leaves ``prefill_attn_<mode>`` are
-built from the same pieces in :mod:`harness.entries.prefill_attn`) and the golden-alt
+(:mod:`harness.entries.attention_kernels`), the prefill leaves ``prefill_attn_<mode>`` on the
+same chain over prefill batches (requests of several new tokens over a cached prefix,
+chunks longer than the ratio-2 state ring; replicated output), and the golden-alt
 recompositions ``golden_alt_decode_attn_<mode>`` / ``golden_alt_prefill_attn_<mode>`` (the
 per-rank recomposition through the golden pieces and host transports, kept as golden
 self-consistency checks), for mode in swa, c2a_full, c2a_reuse, c1a_full, c1a_reindex,
@@ -224,16 +225,35 @@ def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[C
     return tuple(cases), slow
 
 
+def _prefill_leaf_matrix(name: str) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
+    """The prefill kernel leaf's cases (a TINY prefill case costs 40-200 s on a5sim): the
+    (2,2) split with two epochs (DP groups independent, TP replicas compared, cache
+    publication repeated) by default; TP1 with reserved capacity runs in
+    ``tests/platforms/test_a5sim_prefill_attn.py`` (SWA, C1A Reindex); TP1, the TP4
+    reserved-capacity batch, a TP4 long prefix and an empty-kind batch under ``slow``."""
+    base = Case(entry=name, tokens=24, requests=3)
+    cases = (base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),)
+    slow = (base.with_(kind="mixed"),
+            base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
+            base.with_(tp=4, kind="long"),
+            base.with_(tokens=12, requests=2, kind="zero"))
+    return cases, slow
+
+
 def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
     """The entry of ``spec``'s mode in ``phase``: ``sut="kernel"`` the v41 leaf
-    ``decode_attn_<mode>`` (:mod:`harness.entries.attention_kernels`); otherwise the
-    golden-alt recomposition ``golden_alt_<phase>_attn_<mode>``."""
+    ``<phase>_attn_<mode>`` (:mod:`harness.entries.attention_kernels`; prefill: replicated
+    output, the FP32 all-reduce on the host, as the contract keeps the standalone prefill
+    leaves); otherwise the golden-alt recomposition ``golden_alt_<phase>_attn_<mode>``."""
     kernel = sut == "kernel"
     name = f"{phase}_attn_{spec.mode.value}" if kernel else f"golden_alt_{phase}_attn_{spec.mode.value}"
     wirings = ("replicated", "sharded") if phase == "decode" else ("replicated",)
     support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings, kinds=KINDS,
                       inactive_rows=True)
-    matrix, slow = _leaf_matrix(name, support) if kernel else _matrix(name, phase, support)
+    if not kernel:
+        matrix, slow = _matrix(name, phase, support)
+    else:
+        matrix, slow = _leaf_matrix(name, support) if phase == "decode" else _prefill_leaf_matrix(name)
 
     def layer(config):
         return config.representative_layer(spec.mode)
@@ -274,5 +294,5 @@ def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
     ))
 
 
-ENTRIES = {e.name: e for e in ([_make(s, "decode", "kernel") for s in MODES]
+ENTRIES = {e.name: e for e in ([_make(s, p, "kernel") for p in ("decode", "prefill") for s in MODES]
                                + [_make(s, p) for p in ("decode", "prefill") for s in MODES])}

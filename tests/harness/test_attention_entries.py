@@ -51,6 +51,7 @@ def failed(result) -> set[tuple[str, str]]:
 def test_every_entry_is_registered_with_its_matrix():
     modes = ("swa", "c2a_full", "c2a_reuse", "c1a_full", "c1a_reindex", "c1a_reuse")
     assert set(attention.ENTRIES) == ({f"golden_alt_prefill_attn_{m}" for m in modes} | {f"decode_attn_{m}" for m in modes}
+                                      | {f"prefill_attn_{m}" for m in modes}
                                       | {f"golden_alt_decode_attn_{m}" for m in modes})
     for name, entry in attention.ENTRIES.items():
         combos = {(c.tp, c.dp, c.wiring) for c in entry.matrix}
@@ -59,6 +60,11 @@ def test_every_entry_is_registered_with_its_matrix():
             assert reserved and set(entry.kernels) == {"a5sim", "a5"} and entry.alternate is None
             assert {(2, 2, "replicated"), (2, 2, "sharded")} == combos
             assert [(c.tp, c.tokens, c.preset) for c in entry.slow_cases] == [(4, 192, "flash")]
+            continue
+        if name.startswith("prefill_attn_"):  # the prefill kernel leaf: replicated output
+            assert set(entry.kernels) == {"a5sim", "a5"} and entry.support.wirings == ("replicated",)
+            assert combos == {(2, 2, "replicated")}
+            assert any(c.tp == 4 and c.active < c.tokens for c in entry.slow_cases)
             continue
         assert reserved and all(c.tp == 4 for c in reserved), name
         if "decode" in name:
