@@ -95,8 +95,8 @@ class RankLauncher:
                                                          data=not self.memo.by_shape)
         if key is not None and (hit := self.memo.get(key)) is not None:
             outputs, record = hit
-            if record:
-                self.records.append(record)
+            if record:  # the earlier launch's cost, booked to this rank
+                self.records.append({**record, "rank": self.rank})
             if outputs is None:  # a shape-keyed estimate: nothing was computed to hand back
                 return _uncomputed_outputs(self.config, module, axes, args)
             return {k: v.clone() for k, v in outputs.items()}

@@ -34,8 +34,8 @@ def _args(seed: int, tokens: int = 3) -> dict:
             "weight": torch.randn(TINY.hidden_size, generator=g).bfloat16()}
 
 
-def _launcher(platform, memo):
-    return RankLauncher(platform, TINY, rank=0, preset="tiny", memo=memo)
+def _launcher(platform, memo, rank=0):
+    return RankLauncher(platform, TINY, rank=rank, preset="tiny", memo=memo)
 
 
 def test_computed_launches_are_reused_only_for_the_same_bytes():
@@ -60,6 +60,9 @@ def test_estimate_launches_are_reused_by_shape_and_return_nothing_computed():
     assert torch.all(out["y"].float() == SENTINEL)  # not the first launch's outputs
     _launcher(plat, memo)("v41.rmsnorm", {"tokens": 4}, _args(1, tokens=4))  # new shape
     assert plat.launches == 2
+    other = _launcher(plat, memo, rank=3)
+    other("v41.rmsnorm", {"tokens": 3}, _args(5))
+    assert plat.launches == 2 and other.records[0]["rank"] == 3  # booked to its own rank
 
 
 def test_shape_keys_ignore_payload_bytes_but_not_metadata_shapes_dtypes_or_axes():
