@@ -83,7 +83,10 @@ def test_worker_jobs_env_is_checked(monkeypatch):
 
 
 PARENT = {"platform": """
-import sys, torch
+import signal, sys, torch
+# Ctrl-C's default even when the test run itself was started in the background (a shell then
+# starts it with SIGINT ignored, and the parent would never see the signal)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from goldens.config import TINY
 from harness.platforms import KernelSpec, get_platform
 sys.path.insert(0, {here!r})
