@@ -30,12 +30,12 @@ from goldens.config import TINY, Mode, slab_width
 from goldens.modes import (OWNERSHIP, ForwardBatch, ModelCaches, ModeWeights, RopeTables,
                            attention_half_layer, build_forward_batch, changed_keys, owned_keys,
                            random_mode_weights, snapshot_caches)
-from goldens.quant import quantize_compressed_kv, quantize_index_key
 from goldens.sparse_attention import gather_compressed_kv
 from goldens.tp import AttentionBatch, decode_attention, unshard_rows
-from goldens.window_cache import publish_window_kv
 from harness.compare import check_row_bound
 from harness.verdict import all_passed
+
+from cache_history import fill_history
 
 
 
@@ -97,22 +97,7 @@ class Scenario:
             self._fill_history(g)
 
     def _fill_history(self, g):
-        for wc in self.caches.windows.values():
-            kv = torch.randn(wc.rows, CFG.head_dim, generator=g).to(torch.bfloat16)
-            publish_window_kv(wc.payload, wc.scales, kv, torch.arange(wc.rows))
-        for sc in self.caches.sources.values():
-            n = sc.num_blocks * BS
-            p, s = quantize_compressed_kv(torch.randn(n, CFG.head_dim, generator=g),
-                                          CFG.cache.compressed_group)
-            sc.compressed_kv.copy_(p.view(sc.compressed_kv.shape))
-            sc.compressed_kv_scale.view(torch.uint8).copy_(
-                s.view(torch.uint8).view(sc.compressed_kv_scale.shape))
-            p, s = quantize_index_key(torch.randn(n, CFG.index.head_dim, generator=g),
-                                      CFG.cache.index_group)
-            sc.index_key.copy_(p.view(sc.index_key.shape))
-            sc.index_key_scale.copy_(s.view(sc.index_key_scale.shape))
-        for st in self.caches.states.values():
-            st.copy_(torch.randn(st.shape, generator=g))
+        fill_history(self.caches, CFG, g)
 
     def step(self, rows: list[int], kv: list[int], pad: int = 0):
         qsl = torch.tensor([0] + torch.tensor(rows).cumsum(0).tolist(), dtype=I32)

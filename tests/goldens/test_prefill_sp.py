@@ -32,8 +32,8 @@ from goldens.modes import (ForwardBatch, ModelCaches, RopeTables, attention_half
 from goldens.norm import rms_norm
 from goldens.prefill_sp import (SpGroupInputs, local_active_rows, prefill_sp_dp,
                                 prefill_sp_site)
-from goldens.quant import quantize_compressed_kv, quantize_index_key
-from goldens.window_cache import publish_window_kv
+
+from cache_history import fill_history
 
 CFG = TINY
 I32 = torch.int32
@@ -88,22 +88,7 @@ class Scenario:
                         if CFG.compress_ratios[s] == 2}
         self.caches = ModelCaches.allocate(CFG, window_blocks=B * pages, compressed_blocks=blocks,
                                            state_blocks=self.state_blocks, fill=0x22)
-        for wc in self.caches.windows.values():
-            kv = torch.randn(wc.rows, CFG.head_dim, generator=g).to(torch.bfloat16)
-            publish_window_kv(wc.payload, wc.scales, kv, torch.arange(wc.rows))
-        for sc in self.caches.sources.values():
-            n = sc.num_blocks * BS
-            p, s = quantize_compressed_kv(torch.randn(n, CFG.head_dim, generator=g),
-                                          CFG.cache.compressed_group)
-            sc.compressed_kv.copy_(p.view(sc.compressed_kv.shape))
-            sc.compressed_kv_scale.view(torch.uint8).copy_(
-                s.view(torch.uint8).view(sc.compressed_kv_scale.shape))
-            p, s = quantize_index_key(torch.randn(n, CFG.index.head_dim, generator=g),
-                                      CFG.cache.index_group)
-            sc.index_key.copy_(p.view(sc.index_key.shape))
-            sc.index_key_scale.copy_(s.view(sc.index_key_scale.shape))
-        for st in self.caches.states.values():
-            st.copy_(torch.randn(st.shape, generator=g))
+        fill_history(self.caches, CFG, g)
 
     def batch(self, case: dict) -> ForwardBatch:
         qsl = torch.tensor([0] + torch.tensor(case["rows"]).cumsum(0).tolist(), dtype=I32)
