@@ -29,12 +29,11 @@ def sequential_cost(records: list[dict]) -> dict:
     for key in ("aicore_e2e_us", "total_cycles"):
         values = [r.get(key) for r in records]
         total[key] = None if None in values else sum(values)
-    if any("module" in r for r in records):
+    if total["aicore_e2e_us"] is not None and any("module" in r for r in records):
         parts: dict = {}
         for r in records:
             name = r.get("module", "?")
-            parts[name] = None if r.get("aicore_e2e_us") is None or parts.get(name, 0) is None \
-                else parts.get(name, 0) + r["aicore_e2e_us"]
+            parts[name] = parts.get(name, 0) + r["aicore_e2e_us"]
         total["by_module"] = parts
     return total
 

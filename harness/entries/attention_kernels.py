@@ -83,11 +83,7 @@ class RankLauncher:
         if self.dry:
             if validate is not None:
                 validate(args)
-            import importlib
-            abi = importlib.import_module(module).abi(self.config, axes)
-            outs = {a.name: (args[a.name] if a.role == "inout" else
-                             torch.zeros(a.shape, dtype=getattr(torch, a.dtype)))
-                    for a in abi if a.role in ("out", "inout")}
+            outs = _abi_outputs(self.config, module, axes, args, sentinel=False)
             if self.trace is not None:
                 self.trace.append((module, axes, {**args, **outs}))
             return outs
@@ -98,7 +94,7 @@ class RankLauncher:
             if record:  # the earlier launch's cost, booked to this rank
                 self.records.append({**record, "rank": self.rank})
             if outputs is None:  # a shape-keyed estimate: nothing was computed to hand back
-                return _uncomputed_outputs(self.config, module, axes, args)
+                return _abi_outputs(self.config, module, axes, args, sentinel=True)
             return {k: v.clone() for k, v in outputs.items()}
         from harness.platforms import KernelSpec
         program = self.platform.compile(KernelSpec(module, options or {}), self.config, axes)
@@ -140,17 +136,19 @@ class RankLauncher:
         return [sequential_cost(self.records)] if self.records else []
 
 
-def _uncomputed_outputs(config, module: str, axes: dict, args: dict) -> dict:
-    """What an estimate-only launch hands back: its inout arguments unchanged, its outputs
-    filled with the sentinels (nothing was computed)."""
+def _abi_outputs(config, module: str, axes: dict, args: dict, *, sentinel: bool) -> dict:
+    """Outputs of a launch that computes nothing, in ``module``'s ABI shapes: its inout
+    arguments unchanged, its outputs zero (the dry validation pass) or, with ``sentinel``,
+    the sentinels (a shape-keyed estimate: nothing computed, and nothing may look so)."""
     import importlib
-    abi = importlib.import_module(module).abi(config, axes)
     outs = {}
-    for a in abi:
+    for a in importlib.import_module(module).abi(config, axes):
+        dtype = getattr(torch, a.dtype)
         if a.role == "inout":
             outs[a.name] = args[a.name]
+        elif a.role == "out" and not sentinel:
+            outs[a.name] = torch.zeros(a.shape, dtype=dtype)
         elif a.role == "out":
-            dtype = getattr(torch, a.dtype)
             outs[a.name] = torch.full(a.shape, SENTINEL if dtype.is_floating_point else ROW_SENTINEL,
                                       dtype=dtype)
     return outs
