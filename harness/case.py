@@ -1,7 +1,9 @@
 """The case model: one point of an entry's validation matrix.
 
-A :class:`Case` names every axis (tp, dp, ep, tokens, active_tokens, requests, epochs,
-wiring, kind, seed, preset, platform).  :func:`validate_case` checks a case against the
+A :class:`Case` names every axis (tp, dp, ep, tokens, active_tokens, dp_tokens, requests,
+epochs, wiring, kind, seed, preset, platform).  ``dp_tokens`` (the contract's
+``--dp-tokens``) gives each DP group its own group-global valid count; without it every
+group has ``active`` rows.  :func:`validate_case` checks a case against the
 entry's declared support and the contract's capacities, raising :class:`CaseError` that
 names the axis, the value and the bound.
 """
@@ -45,6 +47,7 @@ class Case:
     ep: int | None = None
     tokens: int = 8
     active_tokens: int | None = None  # None: all tokens active
+    dp_tokens: tuple[int, ...] | None = None  # per-DP-group valid counts (--dp-tokens)
     requests: int = 1
     epochs: int = 1
     wiring: str = "replicated"
@@ -53,9 +56,23 @@ class Case:
     preset: str = "tiny"
     platform: str = "a5sim"
 
+    def __post_init__(self):
+        if isinstance(self.dp_tokens, list):  # a case read back from JSON
+            object.__setattr__(self, "dp_tokens", tuple(self.dp_tokens))
+
     @property
     def active(self) -> int:
+        """The active rows of a case without ``dp_tokens``; with them, the largest group's
+        count (per-group code must ask :meth:`group_active`)."""
+        if self.dp_tokens is not None:
+            return max(self.dp_tokens)
         return self.tokens if self.active_tokens is None else self.active_tokens
+
+    def group_active(self, g: int) -> int:
+        """The group-global valid count of DP group ``g``."""
+        if self.dp_tokens is not None:
+            return self.dp_tokens[g]
+        return self.active
 
     @property
     def cards(self) -> int:
@@ -75,6 +92,8 @@ class Case:
         """Stable, human-readable id naming every axis (node ids and data folders)."""
         ep = f"-ep{self.ep}" if self.ep is not None else ""
         act = f"a{self.active_tokens}" if self.active_tokens is not None else ""
+        if self.dp_tokens is not None:
+            act += "d" + "_".join(map(str, self.dp_tokens))
         return (f"{self.entry}-tp{self.tp}-dp{self.dp}{ep}-t{self.tokens}{act}-r{self.requests}"
                 f"-e{self.epochs}-{self.wiring}-{self.kind}-s{self.seed}-{self.preset}")
 
@@ -100,6 +119,18 @@ def validate_axis_values(*, tp: int | None = None, dp: int | None = None,
         _check(dp >= 1, f"dp: {dp} must be >= 1")
     if ep is not None:
         _check(ep in SUPPORTED_EP_SIZES, f"ep: {ep} is not one of {SUPPORTED_EP_SIZES}")
+
+
+def check_dp_tokens(dp_tokens, dp: int, tokens: int) -> None:
+    """Raise :class:`CaseError` unless ``dp_tokens`` holds one int count per DP group, each in
+    ``[0, tokens]`` (a count of 0 is an idle group)."""
+    _check(isinstance(dp_tokens, (tuple, list)) and all(isinstance(n, int) for n in dp_tokens),
+           f"dp_tokens: {dp_tokens!r} must be a list of ints, one per DP group")
+    _check(len(dp_tokens) == dp,
+           f"dp_tokens: {len(dp_tokens)} counts {tuple(dp_tokens)} for dp={dp} DP groups; "
+           f"give one count per DP group")
+    for g, n in enumerate(dp_tokens):
+        _check(0 <= n <= tokens, f"dp_tokens[{g}]: {n} outside [0, tokens={tokens}]")
 
 
 def validate_case(case: Case, support: Support, cards_available: int | None = None) -> None:
@@ -137,6 +168,14 @@ def validate_case(case: Case, support: Support, cards_available: int | None = No
                f"active_tokens: {case.active_tokens} outside [0, tokens={case.tokens}]")
         _check(support.inactive_rows or case.active_tokens == case.tokens,
                f"active_tokens: {case.active_tokens} < tokens {case.tokens} is not supported by "
+               f"{case.entry} (compact batches only)")
+    if case.dp_tokens is not None:
+        check_dp_tokens(case.dp_tokens, case.dp, case.tokens)
+        _check(case.active_tokens is None,
+               f"active_tokens: {case.active_tokens} given with dp_tokens {case.dp_tokens}; "
+               f"give one of them (dp_tokens sets every group's count)")
+        _check(support.inactive_rows or all(n == case.tokens for n in case.dp_tokens),
+               f"dp_tokens: {case.dp_tokens} below tokens {case.tokens} is not supported by "
                f"{case.entry} (compact batches only)")
     max_req = min(cfg.cache.max_batch_per_dp, case.tokens)
     _check(1 <= case.requests <= max_req,

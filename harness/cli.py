@@ -1,8 +1,8 @@
 """``python -m harness run <entry> [flags]`` and ``python -m harness run --all``.
 
 Flags follow the reference entry CLIs where they apply: ``-p/--platform``, ``-d/--device``,
-``--tp --dp --ep --tokens --active-tokens --requests --case --seed --epochs --wiring
---preset --save-data [DIR] --plot``.  ``run ENTRY`` runs that entry's default matrix and
+``--tp --dp --ep --tokens --active-tokens --dp-tokens N,N,.. --requests --case --seed
+--epochs --wiring --preset --save-data [DIR] --plot``.  ``run ENTRY`` runs that entry's default matrix and
 ``--all`` every entry's (axis flags filter it; for one entry, explicit values no matrix
 case has build the case from its first matrix case).  Writes a JSON summary (default
 ``out/summary.json``).  Exit status 2 for a refused invocation (before any work); 1 on any
@@ -21,7 +21,19 @@ from dataclasses import replace
 from harness import registry
 from harness.case import Case, CaseError, validate_axis_values
 
-AXIS_FLAGS = ("tp", "dp", "ep", "tokens", "active_tokens", "requests", "epochs", "seed", "preset")
+AXIS_FLAGS = ("tp", "dp", "ep", "tokens", "active_tokens", "dp_tokens", "requests", "epochs", "seed",
+              "preset")
+
+
+def dp_tokens_arg(text: str) -> tuple[int, ...]:
+    """``--dp-tokens 7,1``: one group-global valid count per DP group (``Case.dp_tokens``;
+    their number and range are checked against dp and tokens with the case)."""
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints "
+                                         f"(one count per DP group, e.g. 7,1)") from None
+    return counts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("tp", "dp", "ep", "tokens", "requests", "epochs", "seed"):
         run.add_argument(f"--{flag}", type=int, default=None)
     run.add_argument("--active-tokens", dest="active_tokens", type=int, default=None)
+    run.add_argument("--dp-tokens", dest="dp_tokens", type=dp_tokens_arg, default=None,
+                     help="per-DP-group valid counts, e.g. 7,1 (one per DP group)")
     run.add_argument("--case", dest="kind", default=None, help="case kind (mixed, prefix, ...)")
     run.add_argument("--wiring", default="both", choices=("both", "replicated", "sharded"))
     run.add_argument("--preset", default=None, choices=("tiny", "flash"))
@@ -82,8 +96,10 @@ def select_cases(args) -> list[Case]:
     if not cases and not args.all:
         [entry] = chosen
         base = entry.matrix[0] if entry.matrix else Case(entry=entry.name)
-        if "active_tokens" not in explicit and "tokens" in explicit:
+        if "active_tokens" not in explicit and ("tokens" in explicit or "dp_tokens" in explicit):
             explicit["active_tokens"] = None
+        if "dp_tokens" not in explicit and ("tokens" in explicit or "dp" in explicit):
+            explicit["dp_tokens"] = None
         base = replace(base, **explicit)
         cases = [replace(base, wiring=w) for w in entry.support.wirings
                  if wirings is None or w in wirings]

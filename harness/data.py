@@ -14,6 +14,7 @@ import hashlib
 import json
 import platform as pyplatform
 import re
+import types
 import typing
 from dataclasses import asdict, fields
 from importlib import metadata
@@ -109,7 +110,12 @@ def read_manifest(folder: str | Path) -> dict:
 
 
 def _is(value, kind) -> bool:
-    """isinstance without bool passing for int, and with int accepted as float."""
+    """isinstance without bool passing for int, and with int accepted as float; a union
+    accepts any of its members, ``tuple[int, ...]`` a JSON list of ints."""
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
+        return any(_is(value, k) for k in typing.get_args(kind))
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, list) and all(_is(v, int) for v in value)
     if isinstance(value, bool):
         return kind is bool
     if kind is float:

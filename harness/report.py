@@ -66,6 +66,8 @@ def axes_text(case: Case) -> str:
     if case.ep is not None:
         parts.append(f"ep{case.ep}")
     act = f"a{case.active_tokens}" if case.active_tokens is not None else ""
+    if case.dp_tokens is not None:
+        act += " dp-tokens " + ",".join(map(str, case.dp_tokens))
     parts.append(f"t{case.tokens}{act}")
     for name, prefix in (("requests", "r"), ("epochs", "e"), ("seed", "s")):
         if getattr(case, name) != getattr(_DEFAULT, name):

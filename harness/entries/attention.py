@@ -95,7 +95,7 @@ def _ring_slots(config, md, state_table: torch.Tensor) -> list[int]:
 
 
 def _cache_verdicts(config, case, layer, g, md, inputs, gold, actual) -> list:
-    lc, n, verdicts = config.layer_config(layer), case.active, []
+    lc, n, verdicts = config.layer_config(layer), case.group_active(g), []
     owned = owned_keys(config, layer)
     prefix = f"g{g}.cache."
     for key in sorted(k for k in inputs if k.startswith(prefix)):
@@ -171,7 +171,7 @@ def _rank_verdicts(spec: ModeSpec, case, g: int, actual) -> list:
 
 def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
     layer = config.representative_layer(spec.mode)
-    n, T = case.active, case.tokens
+    T = case.tokens
     if "out" not in actual:
         return _missing("out")
     if actual["out"].shape[0] != case.dp:
@@ -179,6 +179,7 @@ def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
                        relation=">=", metric=f"DP groups in the output must equal dp={case.dp}")]
     verdicts = []
     for g in range(case.dp):
+        n = case.group_active(g)
         batch = fixture.batch_from(config, case, inputs, g, fixture.num_state_blocks(inputs, g))
         topk_verdicts, ref = _topk_verdicts(config, case, layer, g, batch, inputs, gold, actual)
         verdicts += topk_verdicts

@@ -94,7 +94,7 @@ def rope_from(flat: dict) -> RopeTables:
 # ---- geometry --------------------------------------------------------------------------------
 
 def _query_lens(case, g: int) -> list[int]:
-    B, N, tag = case.requests, case.active, f"g{g}/qlens"
+    B, N, tag = case.requests, case.group_active(g), f"g{g}/qlens"
     if case.kind == "mixed" and B >= 2:
         lens = split_lengths(N, B - 1, case.seed, tag, allow_empty=N < B - 1)
         at = int(torch.randint(0, B, (1,), generator=generator(case.seed, tag, "empty")))
@@ -222,8 +222,8 @@ def num_state_blocks(flat: dict, g: int) -> int | None:
 def x_input(config: V41Config, case, g: int, tag: str) -> torch.Tensor:
     x = randn((case.tokens, config.hidden_size), case.seed, f"g{g}/{tag}")
     if case.kind == "zero":
-        x[:case.active:3] = 0
-    x[case.active:] = PAD_VALUE
+        x[:case.group_active(g):3] = 0
+    x[case.group_active(g):] = PAD_VALUE
     return x.to(torch.bfloat16)
 
 
@@ -249,7 +249,7 @@ def build_inputs(config: V41Config, case, layer: int) -> dict:
         for src in prerequisites(config, layer):
             attention_half_layer(config, src, x_input(config, case, g, f"x_src{src}"),
                                  random_mode_weights(config, src, seed=case.seed), caches, batch, rope,
-                                 active=case.active)
+                                 active=case.group_active(g))
         flat.update(caches_flat(config, caches, g))
         flat[f"g{g}.x"] = x_input(config, case, g, "x")
     flat["out"] = sentinel((case.dp, case.tokens, config.hidden_size))

@@ -437,7 +437,7 @@ def dry_run(config, case, inputs, layer: int, g: int) -> list:
     trace: list = []
     w, rope, batch, caches, x = paths.group_state(config, case, inputs, g, layer)
     dry = RankLauncher(None, config, 0, case.preset, dry=True, trace=trace)
-    rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.active)
+    rank_partial(dry, config, layer, x, w, caches, batch, rope, case.tp, 0, case.group_active(g))
     return trace
 
 

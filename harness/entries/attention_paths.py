@@ -71,7 +71,7 @@ def golden(config: V41Config, case, inputs: dict, layer: int) -> dict:
     for g in range(case.dp):
         w, rope, batch, caches, x = group_state(config, case, inputs, g, layer)
         y, caches, aux = attention_half_layer(config, layer, x, w, caches, batch, rope, tp=case.tp,
-                                              wiring="replicated", active=case.active)
+                                              wiring="replicated", active=case.group_active(g))
         out.append(y)
         if aux.topk_rows is not None:
             topk.append(aux.topk_rows)
@@ -148,7 +148,7 @@ def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None, 
     ``[width, D]`` sharded; and takes each rank's output, ``site.finish(rank, epoch, y)``
     (the all-reduced ``[T, D]`` / the reduce-scattered slab).  Without it every rank's input
     is ``g{g}.x``."""
-    T, tp, active, hidden = case.tokens, case.tp, case.active, config.hidden_size
+    T, tp, active, hidden = case.tokens, case.tp, case.group_active(g), config.hidden_size
     if partial_fn is None:
         def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch):
             return rank_partial(config, layer, x, w, caches, batch, rope, tp, rank, active)
@@ -219,12 +219,13 @@ def selected_output(config: V41Config, case, inputs: dict, gold: dict, g: int, l
     lc = config.layer_config(layer)
     w, rope, batch, _, x = group_state(config, case, inputs, g, layer)
     ref = caches_from(config, gold, g, case.tokens)
-    rc, rs = _rope_rows(config, lc, batch, rope, case.active)
+    n = case.group_active(g)
+    rc, rs = _rope_rows(config, lc, batch, rope, n)
     rows = topk.clone()
-    rows[case.active:] = -1
+    rows[n:] = -1
     sc = ref.sources[lc.kv_source]
     wc = ref.windows[layer]
     md = batch.metadata
     ab = AttentionBatch(rc, rs, md.window_slots, md.window_indices, wc.payload, wc.scales,
                         gather_compressed_kv(sc.compressed_kv, sc.compressed_kv_scale, rows))
-    return decode_attention(x, w.attn, ab, config, case.tp, "replicated", case.active)
+    return decode_attention(x, w.attn, ab, config, case.tp, "replicated", n)

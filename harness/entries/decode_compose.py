@@ -32,8 +32,11 @@ the SP golden ``goldens.prefill_sp``):
 each rank's mHC kernels run over its ACTIVE rows only, ``max(0, min(T_local, n - r*T_local))``,
 and every inactive row of ``x_hc_out``, ``pre_out`` and ``attention_output`` is exact zero
 (checked on its own), not an untouched InOut: no kernel runs on those rows, the zeros are
-the host's output buffers as allocated.  Per-DP-group token counts (``--dp-tokens``) and
-the contract's eight-card prefill checks are not modelled yet.
+the host's output buffers as allocated; each rank's shard is compared on its own
+(``g{g}.r{r}.x_hc_out`` ...).  ``case.dp_tokens`` (``--dp-tokens``) gives each DP group its
+own group-global count (0: an idle group, every output row zero, no cache byte changed);
+what each rank is handed (count, slab capacity, positions) is checked before any launch
+(:mod:`harness.entries.sp_launch`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from goldens.mhc import HcSiteWeights, hc_mixes, hc_post, hc_pre, initial_pre_mi
 from goldens.norm import rms_norm
 from harness.case import Case, Support, standard_matrix
 from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel, check_zero_rows
-from harness.entries import attention, attention_kernels
+from harness.entries import attention, attention_kernels, sp_launch
 from harness.entries import attention_fixture as fixture
 from harness.entries import attention_paths as paths
 from harness.entries.hc_pre import pre_mix, residual_lanes
@@ -70,6 +73,10 @@ def build_inputs(config, case, layer: int) -> dict:
     flat["w.hc.scale"] = uniform((3,), case.seed, "site_scale", 0.5, 2.0)
     flat["w.hc.base"] = randn((mix,), case.seed, "site_base")
     flat["w.attn_norm"] = (1.0 + randn((d,), case.seed, "attn_norm", scale=0.1)).to(torch.bfloat16)
+    if sequence_parallel(case):  # what each TP rank is handed (checked before any launch)
+        for g in range(case.dp):
+            batch = fixture.batch_from(config, case, flat, g, fixture.num_state_blocks(flat, g))
+            flat.update(sp_launch.group_meta(case, g, batch.metadata.position_ids))
     flat["attention_output"] = sentinel((case.dp, T, d))
     flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32)
     flat["pre_out"] = sentinel((case.dp, T, hc), torch.float32)
@@ -97,44 +104,53 @@ def golden(config, case, inputs, layer: int) -> dict:
         result[f"g{g}.x_norm"] = leaf_inputs[f"g{g}.x"]
         result[f"g{g}.mix_post"], result[f"g{g}.mix_comb"] = m.post, m.comb
     att = inputs["attention_output"].clone()
-    att[:, :case.active] = result["out"][:, :case.active]
+    for g in range(case.dp):
+        n = case.group_active(g)
+        att[g, :n] = result["out"][g, :n]
     result["attention_output"] = att
     result["x_hc_out"] = torch.stack([hc_post(result["out"][g], inputs[f"g{g}.x_hc"], m.post, m.comb, config)
                                       for g, m in enumerate(mixes)])
     result["pre_out"] = torch.stack([m.pre for m in mixes])
     if sequence_parallel(case):
-        for name in ("attention_output", "x_hc_out", "pre_out"):
-            result[name][:, case.active:] = 0
+        for g in range(case.dp):
+            for name in ("attention_output", "x_hc_out", "pre_out"):
+                result[name][g, case.group_active(g):] = 0
     return result
 
 
 def compare(spec, config, case, inputs, gold, actual) -> list:
     leaf_inputs = {**inputs, **{f"g{g}.x": gold[f"g{g}.x_norm"] for g in range(case.dp)}}
     verdicts = attention.compare(spec, config, case, leaf_inputs, gold, actual)
-    n = case.active
     for name in ("x_hc_out", "pre_out", "attention_output"):
         if name not in actual:
             return verdicts + attention._missing(name)
     sp = sequence_parallel(case)
-    rows = slice(0, n) if sp else slice(None)
-    hc = config.hc.hc_mult
+    T, hc, d = case.tokens, config.hc.hc_mult, config.hidden_size
     for g in range(case.dp):
+        n = case.group_active(g)
         post, comb = gold[f"g{g}.mix_post"], gold[f"g{g}.mix_comb"]
-        replay = hc_post(actual["out"][g], inputs[f"g{g}.x_hc"], post, comb, config)[rows]
-        lanes = actual["x_hc_out"][g][rows].reshape(-1, config.hidden_size)
-        verdicts += check_row_bound(f"g{g}.x_hc_out", lanes, replay.reshape(lanes.shape))
-        verdicts += check_sentinel(f"g{g}.x_hc_out", lanes, SENTINEL, ref=replay.reshape(lanes.shape))
-        verdicts += check_row_bound(f"g{g}.pre_out", actual["pre_out"][g][rows], gold["pre_out"][g][rows])
-        verdicts += check_sentinel(f"g{g}.pre_out", actual["pre_out"][g][rows], SENTINEL,
-                                   ref=gold["pre_out"][g][rows])
-        if sp:  # inactive rows exact zero, each output on its own
-            T = case.tokens
-            verdicts += check_zero_rows(f"g{g}.x_hc_out", actual["x_hc_out"][g].reshape(T, hc * config.hidden_size),
-                                        rows=slice(n, T))
-            verdicts += check_zero_rows(f"g{g}.pre_out", actual["pre_out"][g], rows=slice(n, T))
+        replay = hc_post(actual["out"][g], inputs[f"g{g}.x_hc"], post, comb, config)
+        if sp:  # every local shard on its own: rank r's slab, its active rows, then the rest
+            width = -(-T // case.tp)
+            shards = [(f"g{g}.r{r}", r * width, min((r + 1) * width, T)) for r in range(case.tp)]
             expect = torch.zeros_like(actual["attention_output"][g])
         else:
+            shards = [(f"g{g}", 0, T)]
             expect = inputs["attention_output"][g].clone()
+        for name, lo, hi in shards:
+            act = slice(lo, max(lo, min(hi, n))) if sp else slice(lo, hi)
+            if act.stop > act.start:
+                lanes = actual["x_hc_out"][g][act].reshape(-1, d)
+                ref = replay[act].reshape(lanes.shape)
+                verdicts += check_row_bound(f"{name}.x_hc_out", lanes, ref)
+                verdicts += check_sentinel(f"{name}.x_hc_out", lanes, SENTINEL, ref=ref)
+                verdicts += check_row_bound(f"{name}.pre_out", actual["pre_out"][g][act], gold["pre_out"][g][act])
+                verdicts += check_sentinel(f"{name}.pre_out", actual["pre_out"][g][act], SENTINEL,
+                                           ref=gold["pre_out"][g][act])
+            if sp and hi > act.stop:  # inactive rows exact zero, each output on its own
+                idle = slice(act.stop, hi)
+                verdicts += check_zero_rows(f"{name}.x_hc_out", actual["x_hc_out"][g].reshape(T, hc * d), rows=idle)
+                verdicts += check_zero_rows(f"{name}.pre_out", actual["pre_out"][g], rows=idle)
         expect[:n] = actual["out"][g][:n]
         verdicts += check_non_owned_bytes(f"g{g}.attention_output", actual["attention_output"][g], expect)
     return verdicts
@@ -165,7 +181,7 @@ class KernelSite:
         """(first, count) of the capacity rows this rank's mHC kernels run over: every row of
         its slab (decode), its active rows only (prefill SP: the rest stay zero)."""
         first = rank * self.width if self.case.wiring == "sharded" else 0
-        end = self.case.active if sequence_parallel(self.case) else self.case.tokens
+        end = self.case.group_active(self.g) if sequence_parallel(self.case) else self.case.tokens
         return first, max(0, min(self.width, end - first))
 
     def prepare(self, rank: int, epoch: int) -> torch.Tensor:
@@ -201,6 +217,10 @@ def kernel_sut(layer: int):
     """Dry validation of every group's leaf launches first, then per group the composition
     through ``attention_paths._group_alternate`` with a :class:`KernelSite`."""
     def run(platform, config, case, inputs) -> SutOutput:
+        if sequence_parallel(case):  # the SP refusals, every group before any launch
+            for g in range(case.dp):
+                sp_launch.check_group(inputs, g, case.tp, case.tokens, inputs[f"g{g}.meta.query_start_loc"],
+                                      inputs[f"g{g}.meta.kv_seq_lens"])
         memo = attention_kernels.launch_memo(platform)
         launchers: dict = {}
         leaf_inputs = dict(inputs)
@@ -231,7 +251,8 @@ def kernel_sut(layer: int):
         att = inputs["attention_output"]
         if sequence_parallel(case):  # the SP site's attention output: its shards, padding zero
             att.zero_()
-        att[:, :case.active] = out[:, :case.active]
+        for g in range(case.dp):
+            att[g, :case.group_active(g)] = out[g, :case.group_active(g)]
         inputs["x_hc_out"].copy_(torch.stack(x_hc))
         inputs["pre_out"].copy_(torch.stack(pre))
         result.update(out=out, attention_output=att, x_hc_out=inputs["x_hc_out"], pre_out=inputs["pre_out"])
@@ -284,12 +305,20 @@ def _matrix(name: str, support: Support):
 def _prefill_matrix(name: str):
     """The prefill SP composition (residuals token-sharded: the sharded wiring only): TP2
     with reserved capacity (13 rows, 11 active: shards of 7, the second with 4 active) and
-    the first site's one-hot pre-mix by default; TP4 with the reserved 33/31 batch and TP1
-    under ``slow`` (a TINY prefill composition costs 60-250 s here)."""
+    the first site's one-hot pre-mix by default; under ``slow`` (a TINY prefill composition
+    costs 60-250 s here, an eight-card one several times that): TP4 with the reserved 33/31
+    batch, TP1, and the contract's eight-card checks (TP4 DP2, three epochs): ``--tokens 7
+    --requests 3 --dp-tokens 7,1`` for C2A Full, ``--dp-tokens 8,5`` mixed for each C1A
+    mode."""
     base = Case(entry=name, tokens=24, requests=3, wiring="sharded")
     cases = (base.with_(tp=2, tokens=13, active_tokens=11, kind="first"),)
     slow = (base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
             base.with_(kind="long"))
+    eight = base.with_(tp=4, dp=2, epochs=3, kind="mixed")
+    if name == "prefill_c2a_full":
+        slow += (eight.with_(tokens=7, dp_tokens=(7, 1)),)
+    elif name.startswith("prefill_c1a_"):
+        slow += (eight.with_(tokens=8, dp_tokens=(8, 5)),)
     return cases, slow
 
 

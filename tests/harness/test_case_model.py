@@ -80,3 +80,48 @@ def test_case_id_names_axes():
     c = Case(entry="decode_c2a_reuse", tp=4, tokens=33, active_tokens=31, requests=6, epochs=2,
              wiring="sharded")
     assert c.case_id == "decode_c2a_reuse-tp4-dp1-t33a31-r6-e2-sharded-mixed-s17-tiny"
+
+
+# ---- per-DP-group valid counts (--dp-tokens) ------------------------------------------------
+
+PREFILL = Support(phase="prefill", tp_sizes=(1, 2, 4), dp_sizes=(1, 2), wirings=("sharded",),
+                  inactive_rows=True)
+
+
+def test_dp_tokens_give_each_group_its_count():
+    c = Case(entry="x", tp=4, dp=2, tokens=8, requests=3, wiring="sharded", dp_tokens=(8, 5))
+    validate_case(c, PREFILL)
+    assert [c.group_active(g) for g in range(2)] == [8, 5]
+    assert c.active == 8  # the largest group's count, for code that is not per group
+    assert c.case_id == "x-tp4-dp2-t8d8_5-r3-e1-sharded-mixed-s17-tiny"
+    plain = Case(entry="x", dp=2, tokens=8, active_tokens=6)
+    assert [plain.group_active(g) for g in range(2)] == [6, 6]
+
+
+def test_dp_tokens_read_back_from_json_are_a_tuple():
+    from dataclasses import asdict
+    import json
+    c = Case(entry="x", dp=2, tokens=8, dp_tokens=(8, 0))
+    back = Case(**json.loads(json.dumps(asdict(c))))
+    assert back == c and back.dp_tokens == (8, 0)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    (dict(dp_tokens=(7,)), "dp_tokens: 1 counts (7,) for dp=2 DP groups"),
+    (dict(dp_tokens=(7, 1, 1)), "dp_tokens: 3 counts"),
+    (dict(dp_tokens=(9, 1)), "dp_tokens[0]: 9 outside [0, tokens=8]"),
+    (dict(dp_tokens=(8, -1)), "dp_tokens[1]: -1 outside"),
+    (dict(dp_tokens=(8, 5), active_tokens=5), "active_tokens: 5 given with dp_tokens"),
+    (dict(dp_tokens=(8, "5")), "must be a list of ints"),
+])
+def test_dp_tokens_that_disagree_with_tokens_or_dp_are_refused(changes, needle):
+    c = Case(entry="x", tp=4, dp=2, tokens=8, requests=3, wiring="sharded").with_(**changes)
+    with pytest.raises(CaseError) as err:
+        validate_case(c, PREFILL)
+    assert needle in str(err.value)
+
+
+def test_dp_tokens_below_tokens_need_inactive_row_support():
+    c = Case(entry="x", tp=4, dp=2, tokens=8, requests=3, wiring="sharded", dp_tokens=(8, 5))
+    with pytest.raises(CaseError, match="dp_tokens: \\(8, 5\\) below tokens 8"):
+        validate_case(c, Support(phase="prefill", tp_sizes=(4,), dp_sizes=(2,), wirings=("sharded",)))

@@ -120,3 +120,22 @@ def test_only_skipped_kernel_cases_is_a_failure_even_with_allow_skip(monkeypatch
     rc, _, err, _ = _run(capsys, tmp_path, "fake_kernel", "--tokens", "8", "--tp", "1",
                          "--allow-skip")
     assert rc == 1 and "no case passed" in err and "kernel case(s) skipped" not in err
+
+
+def test_dp_tokens_flag_builds_the_case_and_refuses_a_disagreeing_list(monkeypatch, capsys, tmp_path):
+    """--dp-tokens is an axis: it reaches the case (its id names it), and a list that does
+    not give one count per DP group, or exceeds tokens, is refused before any work."""
+    from harness.cli import build_parser, select_cases
+    args = build_parser().parse_args(["run", "prefill_c2a_full", "--tp", "4", "--dp", "2",
+                                      "--tokens", "7", "--dp-tokens", "7,1", "--epochs", "3"])
+    [case] = select_cases(args)
+    assert case.dp_tokens == (7, 1) and case.active_tokens is None and case.tokens == 7
+    assert "-t7d7_1-" in case.case_id
+    for flags, needle in ((["--dp-tokens", "7"], "dp_tokens: 1 counts (7,) for dp=2"),
+                          (["--dp-tokens", "9,1"], "dp_tokens[0]: 9 outside [0, tokens=7]")):
+        rc, _, err, _ = _run(capsys, tmp_path, "prefill_c2a_full", "--tp", "4", "--dp", "2",
+                             "--tokens", "7", *flags)
+        assert rc == 2 and needle in err, err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "x", "--dp-tokens", "7;1"])
+    assert "comma-separated list of ints" in capsys.readouterr().err

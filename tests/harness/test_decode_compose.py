@@ -118,10 +118,12 @@ def _sp_actual(case, gold):
 
 
 @pytest.mark.parametrize("defect,expected", [
-    (lambda a, n: a["x_hc_out"][0, n, 2, 5].fill_(1.0), ("g0.x_hc_out", "zero_rows")),
-    (lambda a, n: a["pre_out"][0, n + 1, 0].fill_(0.25), ("g0.pre_out", "zero_rows")),
+    # each rank's shard is named on its own: 13 rows in slabs of 7, row n = 11 is rank 1's
+    (lambda a, n: a["x_hc_out"][0, n, 2, 5].fill_(1.0), ("g0.r1.x_hc_out", "zero_rows")),
+    (lambda a, n: a["pre_out"][0, n + 1, 0].fill_(0.25), ("g0.r1.pre_out", "zero_rows")),
     (lambda a, n: a["attention_output"][0, n, 3].fill_(1.0), ("g0.attention_output", "exact_bytes")),
-    (lambda a, n: a["x_hc_out"][0, 1, 0].mul_(1.5), ("g0.x_hc_out", "row_rms")),
+    (lambda a, n: a["x_hc_out"][0, 1, 0].mul_(1.5), ("g0.r0.x_hc_out", "row_rms")),
+    (lambda a, n: a["x_hc_out"][0, 8, 0].mul_(1.5), ("g0.r1.x_hc_out", "row_rms")),
 ])
 def test_each_sp_defect_is_caught_by_name(sp_golden_run, defect, expected):
     entry, case, inputs, gold = sp_golden_run
