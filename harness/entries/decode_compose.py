@@ -308,15 +308,16 @@ def _prefill_matrix(name: str):
     the first site's one-hot pre-mix by default; under ``slow`` (a TINY prefill composition
     costs 60-250 s here, an eight-card one several times that): TP4 with the reserved 33/31
     batch, TP1, and the contract's eight-card checks (TP4 DP2, three epochs): ``--tokens 7
-    --requests 3 --dp-tokens 7,1`` for C2A Full, ``--dp-tokens 8,5`` mixed for each C1A
-    mode."""
+    --requests 3 --dp-tokens 7,1`` for C2A Full (and TP2 DP2 with an idle group, ``7,0``),
+    ``--dp-tokens 8,5`` mixed for each C1A mode."""
     base = Case(entry=name, tokens=24, requests=3, wiring="sharded")
     cases = (base.with_(tp=2, tokens=13, active_tokens=11, kind="first"),)
     slow = (base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
             base.with_(kind="long"))
     eight = base.with_(tp=4, dp=2, epochs=3, kind="mixed")
-    if name == "prefill_c2a_full":
-        slow += (eight.with_(tokens=7, dp_tokens=(7, 1)),)
+    if name == "prefill_c2a_full":  # and an idle DP group (count 0: nothing runs, all zero)
+        slow += (eight.with_(tokens=7, dp_tokens=(7, 1)),
+                 base.with_(tp=2, dp=2, tokens=7, dp_tokens=(7, 0)))
     elif name.startswith("prefill_c1a_"):
         slow += (eight.with_(tokens=8, dp_tokens=(8, 5)),)
     return cases, slow
