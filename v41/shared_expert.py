@@ -1,0 +1,190 @@
+"""MoE shared expert, MXFP8 weights decoded in-kernel (golden: ``goldens.moe.shared_expert``).
+
+Per row tile of ``ROW_TILE`` active tokens (brackets mark a BF16 cast, as in the golden)::
+
+    a   = MX(x)                                   activation rule, group 32 (v41.mx_linear)
+    g_j = [a @ W1_j^T]    u_j = [a @ W3_j^T]      FP32 accumulation, one BF16 cast
+    g_j = min(g_j, limit) u_j = clamp(u_j, -limit, limit)       FP32
+    h_j = [silu(g_j) * u_j]                       FP32, silu = g / (1 + exp(-g))
+    y   = [sum_j MX(h_j) @ W2[:, j]^T]            FP32 accumulation, one BF16 cast
+
+``j`` runs over the ``I / I_TILE`` column tiles of the intermediate width (unrolled at
+trace time): ``W1_j`` / ``W3_j`` are the tile's ``I_TILE`` output rows, decoded one tile
+at a time (:func:`v41.mx_linear.mx_linear_tile`).  ``MX(h)`` quantizes groups of 32
+columns, so quantizing each ``h_j`` on its own equals quantizing the whole row; the W2
+product takes the ``h_j`` as column parts and decodes ``W2`` one ``[N_TILE, I_TILE]``
+block at a time (``NARROW_N_TILE`` rows at TINY, see there).  No expanded weight exists
+beyond one tile.  The golden's per-K-group FP32 partials differ from the cube's FP32
+accumulation by reassociation only; its silu is FP64 with one rounding, the kernel's FP32
+(last-bit differences before the BF16 cast; the TINY matrix cases matched bit for bit).
+
+Inactive rows (contract, reference-facts 4.14): the row loop covers only the tiles below
+``num_tokens`` (the last tile's ``valid_shape`` stops at row ``num_tokens - 1``, so padding
+``x`` rows are never read); a second loop writes exact zeros to rows ``num_tokens ..
+tokens - 1``.  ``num_tokens`` is a runtime INT32 ``[1]`` tensor the caller validates to
+``[0, tokens]`` before launch (``harness.entries.shared_expert.validate_launch``).
+
+ABI
+---
+============  ========================  ========  =====
+name          shape                     dtype     role
+============  ========================  ========  =====
+x             (tokens, hidden)          bfloat16  in
+num_tokens    (1,)                      int32     in
+w1            (inter, hidden)           uint8     in   (E4M3 codes)
+w1_scale      (inter / 32, hidden / 32) uint8     in   (E8M0 codes)
+w3            (inter, hidden)           uint8     in
+w3_scale      (inter / 32, hidden / 32) uint8     in
+w2            (hidden, inter)           uint8     in
+w2_scale      (hidden / 32, inter / 32) uint8     in
+y             (tokens, hidden)          bfloat16  out
+============  ========================  ========  =====
+
+``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``inter`` is
+``config.moe.intermediate_size``.
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41 import mx_linear
+from v41.abi import Arg, case_int, jit_options, resolve
+
+ROW_TILE = 32  # tokens per row tile (the weights are decoded once per row tile)
+I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
+N_TILE = 128  # W2 output rows decoded per tile
+# W2 rows per tile when its E8M0 scale rows are at most NARROW_SCALE_BYTES wide (TINY: inter
+# 64 -> 2 bytes): a 128-row tile then fails the lowered ExpandFunction check (an operand
+# without a valid shape); 64 rows pass, as do 128 rows over wider scale rows (o_proj)
+NARROW_N_TILE = 64
+NARROW_SCALE_BYTES = 2
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "no_clamp": "skips both SwiGLU clamps",
+    "silu_on_u": "applies silu to the up projection u instead of the gate g",
+    "skip_h_quant": "feeds BF16 h to W2 without its MXFP8 re-quantization",
+    "compute_padding": "computes every row, also rows at or past num_tokens (padding rows "
+                       "get the expert of their x instead of zeros)",
+    "skip_padding": "leaves rows at or past num_tokens unwritten",
+}
+
+ABI = (
+    Arg("x", ("tokens", "hidden"), "bfloat16", "in"),
+    Arg("num_tokens", (1,), "int32", "in"),
+    Arg("w1", ("inter", "hidden"), "uint8", "in"),
+    Arg("w1_scale", ("inter_blocks", "hidden_blocks"), "uint8", "in"),
+    Arg("w3", ("inter", "hidden"), "uint8", "in"),
+    Arg("w3_scale", ("inter_blocks", "hidden_blocks"), "uint8", "in"),
+    Arg("w2", ("hidden", "inter"), "uint8", "in"),
+    Arg("w2_scale", ("hidden_blocks", "inter_blocks"), "uint8", "in"),
+    Arg("y", ("tokens", "hidden"), "bfloat16", "out"),
+)
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    hidden, inter = config.hidden_size, config.moe.intermediate_size
+    mx_linear.tile_width(inter, I_TILE)  # raises naming the width and the tile
+    mx_linear.tile_width(hidden, N_TILE)
+    return {"tokens": case_int(case, "tokens", minimum=1), "hidden": hidden, "inter": inter,
+            "hidden_blocks": hidden // 32, "inter_blocks": inter // 32}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
+    """FP32 ``silu(min(g, limit)) * clamp(u, -limit, limit)`` of FP32 tiles ``g``, ``u``
+    (``clamp`` / ``silu_on_u`` select deliberately wrong readings)."""
+    if clamp:
+        g = pypto.minimum(g, limit)
+        u = pypto.maximum(pypto.minimum(u, limit), -limit)
+    if silu_on_u:
+        g, u = u, g
+    # silu(g) = g / (1 + exp(-g)); exp overflows to inf for g < -88: g / inf = -0
+    silu = pypto.div(g, pypto.add(pypto.exp(pypto.mul(g, -1.0)), 1.0))
+    return pypto.mul(silu, u)
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          i_tile: int = I_TILE, runtime_options: dict | None = None):
+    """The jit kernel ``shared_expert(x, num_tokens, w1, w1_scale, w3, w3_scale, w2,
+    w2_scale, y)``: rows below ``num_tokens`` get the shared expert, the rest zeros.
+    ``i_tile`` (a multiple of 32) is the intermediate column tile (``inter`` when
+    smaller); a smaller one splits a TINY row into several parts, as FLASH's is."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    d = dims(config, case or {"tokens": 1})
+    hidden, inter = d["hidden"], d["inter"]
+    limit = float(config.moe.swiglu_limit)
+    i_tile = mx_linear.tile_width(inter, i_tile)
+    narrow = inter // 32 <= NARROW_SCALE_BYTES
+    n_tile = mx_linear.tile_width(hidden, NARROW_N_TILE if narrow else N_TILE)
+    rows = ROW_TILE
+    clamp = variant != "no_clamp"
+    silu_on_u = variant == "silu_on_u"
+    skip_h_quant = variant == "skip_h_quant"
+    compute_padding = variant == "compute_padding"
+    zero_padding = variant not in ("compute_padding", "skip_padding")
+    options = jit_options(runtime_options)
+    tokens_dim = pypto.frontend.dynamic("tokens")
+    bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
+
+    @pypto.frontend.jit(runtime_options=options)
+    def shared_expert(
+        x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        num_tokens: pypto.Tensor([1], pypto.DT_INT32),
+        w1: pypto.Tensor([inter, hidden], pypto.DT_UINT8),
+        w1_scale: pypto.Tensor([inter // 32, hidden // 32], pypto.DT_UINT8),
+        w3: pypto.Tensor([inter, hidden], pypto.DT_UINT8),
+        w3_scale: pypto.Tensor([inter // 32, hidden // 32], pypto.DT_UINT8),
+        w2: pypto.Tensor([hidden, inter], pypto.DT_UINT8),
+        w2_scale: pypto.Tensor([hidden // 32, inter // 32], pypto.DT_UINT8),
+        y: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+    ):
+        tokens = x.shape[0]
+        if compute_padding:
+            active = tokens
+        else:
+            active = num_tokens[0]
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        for i in pypto.loop((active + rows - 1) // rows, name="SE_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (active - start).min(rows)
+            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
+            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
+                                        valid_shape=[valid, hidden]), fp32)
+            xq = [(mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden), hidden)]
+            parts = []  # (MX(h_j) BF16 [rows, i_tile], i_tile) in column order
+            for j in range(inter // i_tile):  # unrolled at trace time
+                g = mx_linear.mx_linear_tile(pypto, xq, w1, w1_scale, j * i_tile, i_tile,
+                                             rows, valid)
+                u = mx_linear.mx_linear_tile(pypto, xq, w3, w3_scale, j * i_tile, i_tile,
+                                             rows, valid)
+                pypto.set_vec_tile_shapes(min(rows, 8), i_tile)
+                g32 = pypto.cast(pypto.cast(g, bf16), fp32)
+                u32 = pypto.cast(pypto.cast(u, bf16), fp32)
+                h = swiglu_tile(pypto, g32, u32, limit, clamp=clamp, silu_on_u=silu_on_u)
+                h32 = pypto.cast(pypto.cast(h, bf16), fp32)
+                parts.append((mx_linear.mx_activation_bf16(pypto, h32, rows, valid, i_tile,
+                                                           skip_quant=skip_h_quant), i_tile))
+            for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
+                yt = mx_linear.mx_linear_tile(pypto, parts, w2, w2_scale, nt * n_tile, n_tile,
+                                              rows, valid)
+                pypto.set_vec_tile_shapes(min(rows, 8), n_tile)
+                yb = pypto.view(pypto.cast(yt, bf16), [rows, n_tile], [0, 0],
+                                valid_shape=[valid, n_tile])
+                pypto.assemble(yb, [start, nt * n_tile], y)
+        if zero_padding:  # rows active .. tokens - 1: exact zeros
+            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
+            for p in pypto.loop((tokens - active + rows - 1) // rows, name="SE_PADDING",
+                                idx_name="p"):
+                start = active + p * rows
+                valid = (tokens - start).min(rows)
+                pypto.assemble(pypto.full([rows, hidden], 0.0, bf16,
+                                          valid_shape=[valid, hidden]), [start, 0], y)
+
+    return shared_expert
