@@ -37,6 +37,7 @@ class Support:
     inactive_rows: bool = False  # active_tokens < tokens allowed
     max_epochs: int = 1000
     min_tokens: int = 1
+    ep_world: bool = False  # the EP world is the DP groups x TP ranks: ep == tp * dp
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,9 @@ def validate_case(case: Case, support: Support, cards_available: int | None = No
     _check(case.ep in support.ep_sizes,
            f"ep: {case.ep} is not supported by {case.entry} (supported {support.ep_sizes})")
     validate_axis_values(ep=case.ep)
+    _check(not support.ep_world or case.ep == case.tp * case.dp,
+           f"ep: {case.ep} must equal tp * dp = {case.tp} * {case.dp} for {case.entry} (the EP world "
+           f"is the DP groups x TP ranks)")
     try:
         case.parallel
     except ConfigError as err:

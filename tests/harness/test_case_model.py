@@ -125,3 +125,10 @@ def test_dp_tokens_below_tokens_need_inactive_row_support():
     c = Case(entry="x", tp=4, dp=2, tokens=8, requests=3, wiring="sharded", dp_tokens=(8, 5))
     with pytest.raises(CaseError, match="dp_tokens: \\(8, 5\\) below tokens 8"):
         validate_case(c, Support(phase="prefill", tp_sizes=(4,), dp_sizes=(2,), wirings=("sharded",)))
+
+
+def test_an_ep_world_entry_needs_ep_equal_to_tp_times_dp():
+    s = Support(phase="prefill", tp_sizes=(1, 2, 4), dp_sizes=(1, 2), ep_sizes=(2, 4, 8), ep_world=True)
+    validate_case(Case(entry="moe", tp=2, dp=2, ep=4), s)
+    with pytest.raises(CaseError, match=r"ep: 8 must equal tp \* dp = 2 \* 2 for moe"):
+        validate_case(Case(entry="moe", tp=2, dp=2, ep=8), s)
