@@ -27,6 +27,9 @@ HEAVY_MODULES = (
     "cases/test_attention_modes.py",
     "tests/platforms/test_a5sim_decode_attn.py",
     "cases/test_prefill_attn.py",
+    "tests/platforms/test_a5sim_routed_experts.py",
+    "tests/platforms/test_a5sim_prefill_chunking.py",
+    "tests/platforms/test_a5sim_moe.py",
 )
 
 

@@ -3,8 +3,9 @@ the tensor graph and each lowering pass through InferDynShape agree on the real 
 the outputs pass the entry's comparison.
 
 The composed entries (the attention leaves and mHC compositions: ``decode_attn_*``,
-``decode_*``, ``prefill_attn_*``, ``prefill_*``) launch only building-block modules that have lowered
-TINY cases of their own; by default one TP1 case each of the three widest chains is lowered
+``decode_*``, ``prefill_attn_*``, ``prefill_*``, and the ``moe`` composition) launch only
+building-block modules that have lowered TINY cases of their own (``v41.moe_combine``, which
+has no entry: ``tests/platforms/test_a5sim_moe_combine.py``); by default one TP1 case each of the three widest chains is lowered
 (C1A Reindex decode leaf chain via its composition, C2A Full with the ratio-2 ring and the
 mHC kernels, the C1A Reindex prefill leaf) and every other composed case is lowered under
 ``slow`` (75-450 s each at this level: about an hour of the default run otherwise)."""
@@ -17,7 +18,7 @@ from harness import registry
 from harness.runner import run_case
 
 
-COMPOSED = ("decode_", "prefill_")  # attention leaves and mHC compositions
+COMPOSED = ("decode_", "prefill_", "moe")  # attention leaves and mHC / MoE compositions
 DEFAULT_COMPOSED = ("decode_c1a_reindex", "decode_c2a_full", "prefill_attn_c1a_reindex")
 
 

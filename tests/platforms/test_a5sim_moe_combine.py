@@ -1,6 +1,7 @@
 """a5sim: ``v41.moe_combine`` forms the MoE block output at the token owner byte-equal to
 the golden (``goldens.moe.combine`` of the routed sum accumulated in ascending expert
-order), writes padding rows zero, and each deliberately wrong variant is caught."""
+order), writes padding rows zero, passes pass-level (``lowered``) verification, and each
+deliberately wrong variant is caught."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def test_combine_is_byte_equal_to_the_golden_and_zeroes_padding(a5sim, n):
     routed, shared = _inputs()
     y = _launch(a5sim, routed, shared, n)
     assert torch.equal(y.view(torch.int16), _golden(routed, shared, n).view(torch.int16))
+
+
+def test_combine_passes_pass_level_verification(lowered):
+    """Every lowering pass agrees with the tensor graph on real inputs (the composition's
+    other kernels are lowered through their own entries)."""
+    routed, shared = _inputs()
+    y = _launch(lowered, routed, shared, N)
+    assert torch.equal(y.view(torch.int16), _golden(routed, shared, N).view(torch.int16))
 
 
 @pytest.mark.parametrize("variant", ["bf16_partials", "drop_last_expert"])
