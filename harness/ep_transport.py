@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.transport import TransportError
+from harness.transport import Epochs, TransportError
 
 _I32 = torch.int32
 
@@ -43,25 +43,6 @@ class Received:
     expert_offsets: torch.Tensor  # INT32 [L + 1]
 
 
-class _Epochs:
-    """One collective's per-rank epoch counters (one-based, consecutive)."""
-
-    def __init__(self, name: str, ranks: int):
-        self.name, self.epoch = name, [0] * ranks
-
-    def publish(self, rank: int, epoch: int) -> None:
-        if epoch != self.epoch[rank] + 1:
-            raise TransportError(f"{self.name}: rank {rank} publishes epoch {epoch}, expected "
-                                 f"{self.epoch[rank] + 1} (epochs are one-based and consecutive)")
-        self.epoch[rank] = epoch
-
-    def ready(self, epoch: int) -> None:
-        stale = [r for r, e in enumerate(self.epoch) if e != epoch]
-        if stale:
-            raise TransportError(f"{self.name}: epoch {epoch}: ranks {stale} have not published "
-                                 f"(their windows hold epochs {[self.epoch[r] for r in stale]})")
-
-
 class EpGroup:
     """EP dispatch and combine of one EP world, with retained windows per collective."""
 
@@ -70,8 +51,8 @@ class EpGroup:
             raise ValueError(f"ep: {ep} must be >= 1 and divide n_routed_experts {n_routed}")
         self.ep, self.n_local, self.k = ep, n_routed // ep, top_k
         self.capacity, self.hidden = capacity, hidden
-        self._dispatch = _Epochs("ep_dispatch", ep)
-        self._combine = _Epochs("ep_combine", ep)
+        self._dispatch = Epochs("ep_dispatch", ep)
+        self._combine = Epochs("ep_combine", ep)
         self._sent: list = [None] * ep  # dispatch windows: (x, indices, weights) per source
         self._back: list = [None] * ep  # combine windows: y per destination
         self._received: list = [None] * ep  # what each destination was sent (its row order)

@@ -27,20 +27,17 @@ class TransportError(RuntimeError):
     """A stale window, a missing publish or an out-of-order epoch."""
 
 
-class _Windows:
-    def __init__(self, name: str, tp: int, rows: int, width: int, dtype: torch.dtype):
-        self.name = name
-        self.buf = torch.full((tp, rows, width), float("nan"), dtype=dtype)
-        self.epoch = [0] * tp  # last epoch each rank published
+class Epochs:
+    """One collective's per-rank epoch counters: one-based and consecutive; a reader of
+    epoch ``e`` needs every rank at ``e`` (shared by the TP and EP transports)."""
 
-    def publish(self, rank: int, epoch: int, rows: torch.Tensor) -> None:
+    def __init__(self, name: str, ranks: int):
+        self.name, self.epoch = name, [0] * ranks
+
+    def publish(self, rank: int, epoch: int) -> None:
         if epoch != self.epoch[rank] + 1:
             raise TransportError(f"{self.name}: rank {rank} publishes epoch {epoch}, expected "
                                  f"{self.epoch[rank] + 1} (epochs are one-based and consecutive)")
-        if rows.shape[0] > self.buf.shape[1] or rows.shape[1:] != self.buf.shape[2:]:
-            raise TransportError(f"{self.name}: rank {rank} publishes {tuple(rows.shape)}, window "
-                                 f"holds {tuple(self.buf.shape[1:])}")
-        self.buf[rank, :rows.shape[0]] = rows.to(self.buf.dtype)
         self.epoch[rank] = epoch
 
     def ready(self, epoch: int) -> None:
@@ -48,6 +45,23 @@ class _Windows:
         if stale:
             raise TransportError(f"{self.name}: epoch {epoch}: ranks {stale} have not published "
                                  f"(their windows hold epochs {[self.epoch[r] for r in stale]})")
+
+
+class _Windows:
+    def __init__(self, name: str, tp: int, rows: int, width: int, dtype: torch.dtype):
+        self.name = name
+        self.buf = torch.full((tp, rows, width), float("nan"), dtype=dtype)
+        self.epochs = Epochs(name, tp)
+
+    def publish(self, rank: int, epoch: int, rows: torch.Tensor) -> None:
+        if rows.shape[0] > self.buf.shape[1] or rows.shape[1:] != self.buf.shape[2:]:
+            raise TransportError(f"{self.name}: rank {rank} publishes {tuple(rows.shape)}, window "
+                                 f"holds {tuple(self.buf.shape[1:])}")
+        self.epochs.publish(rank, epoch)
+        self.buf[rank, :rows.shape[0]] = rows.to(self.buf.dtype)
+
+    def ready(self, epoch: int) -> None:
+        self.epochs.ready(epoch)
 
 
 class TpGroup:

@@ -17,6 +17,7 @@ from goldens.moe import (ExpertWeights, Fp4Workspace, combine, dequantize_fp4_fa
 from goldens.quant import (dequantize_fp4_expert_weight, dequantize_fp8_weight, dequantize_mxfp8,
                            quantize_mxfp8_activation)
 from goldens.router import route
+from moe_model import tiny_moe
 
 E, K, I, D = (TINY.moe.n_routed_experts, TINY.moe.num_experts_per_tok,
               TINY.moe.intermediate_size, TINY.hidden_size)
@@ -34,18 +35,7 @@ def _contract_ok(actual, reference):
 
 
 def _tiny_model(seed, t=24):
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(t, D, generator=gen) * 1.5).to(torch.bfloat16)
-    experts = [quantize_routed_expert(torch.randn(I, D, generator=gen) * 0.08,
-                                      torch.randn(I, D, generator=gen) * 0.08,
-                                      torch.randn(D, I, generator=gen) * 0.1) for _ in range(E)]
-    shared = quantize_shared_expert(torch.randn(I, D, generator=gen) * 0.08,
-                                    torch.randn(I, D, generator=gen) * 0.08,
-                                    torch.randn(D, I, generator=gen) * 0.1)
-    gate = torch.randn(E, D, generator=gen) * 0.05
-    bias = torch.randn(E, generator=gen) * 0.1
-    idx, wt = route(x, gate, bias, TINY)
-    return x, idx, wt, experts, shared
+    return tiny_moe(seed, t, TINY)
 
 
 def _mx64(x):

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from goldens.config import TINY, with_overrides
-from goldens.moe import moe_block, quantize_routed_expert, quantize_shared_expert, routed_partial
+from goldens.moe import moe_block, routed_partial
 from goldens.moe_ep import (Received, combine, dispatch, expert_outputs, local_experts_of,
                             moe_block_dispatch, source_batches)
-from goldens.router import route
+from moe_model import tiny_moe
 
 E, D, I = TINY.moe.n_routed_experts, TINY.hidden_size, TINY.moe.intermediate_size
 # k = 4: with k = 2 the FP32 sum of two rows is the same in either order (commutative), so
@@ -31,18 +31,7 @@ class Spy:
 
 
 def _model(seed, t, cfg):
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(t, D, generator=gen) * 1.5).to(torch.bfloat16)
-    experts = [quantize_routed_expert(torch.randn(I, D, generator=gen) * 0.08,
-                                      torch.randn(I, D, generator=gen) * 0.08,
-                                      torch.randn(D, I, generator=gen) * 0.1) for _ in range(E)]
-    shared = quantize_shared_expert(torch.randn(I, D, generator=gen) * 0.08,
-                                    torch.randn(I, D, generator=gen) * 0.08,
-                                    torch.randn(D, I, generator=gen) * 0.1)
-    gate = torch.randn(E, D, generator=gen) * 0.05
-    bias = torch.randn(E, generator=gen) * 0.1
-    idx, wt = route(x, gate, bias, cfg)
-    return x, idx, wt, experts, shared
+    return tiny_moe(seed, t, cfg)
 
 
 @pytest.fixture(scope="module", params=[TINY, TINY_K4], ids=["k2", "k4"])
