@@ -1,0 +1,212 @@
+"""LM head kernel: one TP rank's vocabulary shard of the logits and its greedy pick (golden:
+``goldens.boundary.lm_head_shard`` and ``greedy_sample``).
+
+``logits = float32(hidden) @ head^T`` with FP32 accumulation on the cube (the golden
+accumulates in FP64 and rounds once; the difference is FP32 reassociation), streamed over
+vocabulary tiles of ``vocab_tile(V/tp)`` head rows: per row tile (up to :data:`ROW_TILE`
+rows, so a decode batch of <= 192 rows streams the head shard once) and vocab tile one
+``[rows, tile]`` product is written to ``logits`` and folded into the running pick, so no
+``[rows, V/tp]`` intermediate exists besides the output.  (FLASH TP4, 192 rows, one rank:
+11.9 ms estimated with 192-row tiles, 14.1 ms with 64, 41.8 ms with 16; roofline 482 us.)
+
+Greedy pick with the golden's tie rule (lowest vocab index among equal maxima): inside a
+tile, ``amin`` of an FP32 iota masked by ``logit == tile max`` (exact equality); across
+tiles, in ascending order, a later tile replaces the running best only when its maximum is
+STRICTLY greater.  ``best_index`` is the GLOBAL vocab index ``rank * V/tp + local``
+(FP32 iota arithmetic: exact below 2^24).  The host combines the ranks' picks
+(``harness.entries.lm_head.combine_rank_picks``: largest value, lowest rank on ties).
+
+Inactive rows: rows ``r >= num_rows`` are written as a zero hidden row would give them:
+logits exact zeros, ``best_value`` 0 and ``best_index`` ``rank * V/tp`` (the shard's first
+index); their hidden rows are never read.  ``num_rows`` is a runtime INT32 ``[1]`` tensor
+checked to ``[0, rows]`` by the host before launch.
+
+ABI
+---
+===========  ====================  ========  =====
+name         shape                 dtype     role
+===========  ====================  ========  =====
+hidden       (rows, hidden)        bfloat16  in
+head         (vocab_local, hidden) float32   in
+num_rows     (1,)                  int32     in
+logits       (rows, vocab_local)   float32   out
+best_value   (rows, 1)             float32   out
+best_index   (rows, 1)             int32     out
+===========  ====================  ========  =====
+
+``rows`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``vocab_local = V / case["tp"]``
+and the shard's offset ``case["rank"] * vocab_local`` are fixed at trace time.
+"""
+
+# No ``from __future__ import annotations``: the pypto frontend reads the kernel's
+# parameter annotations as objects.
+from v41.abi import Arg, case_int, jit_options, resolve
+
+ROW_TILE = 192  # logit rows per loop iteration (the head shard is streamed once per row tile)
+VEC_ROWS = 16  # rows per vector tile
+VOCAB_TILES = (256, 128, 64, 32, 16, 8)  # head rows per vocab step, largest dividing V/tp
+FP32_EXACT_INT = 1 << 24  # FP32 index arithmetic is exact below this
+
+VARIANTS = {
+    "reference": "the contract",
+    # Deliberately wrong variants, used to prove that the comparison can fail:
+    "higher_index_ties": "breaks ties toward the HIGHER vocab index (within and across tiles)",
+    "bf16_logits": "rounds the logits to BF16 (stored and picked from)",
+    "local_index": "returns the shard-local index (no rank * V/tp offset)",
+    "skip_padding": "leaves rows at or past num_rows unwritten",
+}
+
+ABI = (
+    Arg("hidden", ("rows", "hidden"), "bfloat16", "in"),
+    Arg("head", ("vocab_local", "hidden"), "float32", "in"),
+    Arg("num_rows", (1,), "int32", "in"),
+    Arg("logits", ("rows", "vocab_local"), "float32", "out"),
+    Arg("best_value", ("rows", 1), "float32", "out"),
+    Arg("best_index", ("rows", 1), "int32", "out"),
+)
+
+
+def vocab_tile(vocab_local: int) -> int:
+    """Head rows per vocab step: the largest of :data:`VOCAB_TILES` dividing ``vocab_local``;
+    ValueError when none does (the tile's last axis must be a 32-byte multiple)."""
+    for tile in VOCAB_TILES:
+        if vocab_local % tile == 0:
+            return tile
+    raise ValueError(f"vocab_local: {vocab_local} is not a multiple of {VOCAB_TILES[-1]}")
+
+
+def dims(config, case: dict) -> dict[str, int]:
+    tp = case_int(case, "tp", 1, minimum=1)
+    rank = case_int(case, "rank", 0)
+    if config.vocab_size % tp:
+        raise ValueError(f"case['tp']: vocab_size {config.vocab_size} % {tp} != 0")
+    if rank >= tp:
+        raise ValueError(f"case['rank']: {rank} outside [0, tp={tp})")
+    if config.vocab_size > FP32_EXACT_INT:
+        raise ValueError(f"config.vocab_size: {config.vocab_size} > 2^24 (FP32 index arithmetic)")
+    vl = config.vocab_size // tp
+    vocab_tile(vl)
+    return {"rows": case_int(case, "tokens", minimum=1), "hidden": config.hidden_size,
+            "vocab_local": vl, "rank": rank}
+
+
+def abi(config, case: dict):
+    return resolve(ABI, dims(config, case))
+
+
+def _init_state(pypto, state, base0, rows):
+    """Running pick of a row tile before its first vocab tile: value -FLT_MAX, index and
+    tile base at the shard's first global index."""
+    best, idx, base = state
+    pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+    best[:] = pypto.full([rows, 1], -3.4028234663852886e38, pypto.DT_FP32)
+    idx[:] = pypto.full([rows, 1], float(base0), pypto.DT_FP32)
+    base[:] = pypto.full([rows, 1], float(base0), pypto.DT_FP32)
+
+
+def _fold_tile(pypto, s, iota, state, rows, valid, tile, high_ties):
+    """Fold one logit tile ``s [rows, tile]`` into the running ``(best, idx, base)``, each
+    written after every new value is computed."""
+    best_all, idx_all, base_all = state
+    best, idx, base = (pypto.view(x, [rows, 1], [0, 0], valid_shape=[valid, 1])
+                       for x in state)
+    pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+    m = pypto.amax(s, -1, keepdim=True)  # [rows, 1]
+    hit = pypto.eq(s, pypto.expand_clone(m, [rows, tile], valid_shape=[valid, tile]))
+    iota_t = pypto.expand_clone(iota, [rows, tile], valid_shape=[valid, tile])
+    if high_ties:
+        pick = pypto.amax(pypto.where(hit, iota_t, -1.0), -1, keepdim=True)
+    else:
+        pick = pypto.amin(pypto.where(hit, iota_t, float(tile)), -1, keepdim=True)
+    pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+    cand = pypto.add(pick, base)
+    if high_ties:
+        take = pypto.ge(m, best)
+    else:
+        take = pypto.gt(m, best)
+    new_best = pypto.where(take, m, best)
+    new_idx = pypto.where(take, cand, idx)
+    new_base = pypto.add(base, float(tile))
+    best_all[:] = new_best
+    idx_all[:] = new_idx
+    base_all[:] = new_base
+
+
+def build(config, case: dict | None = None, *, variant: str = "reference",
+          runtime_options: dict | None = None):
+    """The jit kernel ``lm_head(hidden, head, num_rows, logits, best_value, best_index)`` of
+    rank ``case["rank"]`` at ``case["tp"]``; rows are a dynamic axis."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
+    import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
+
+    dm = dims(config, case or {"tokens": 1})
+    d, vl = dm["hidden"], dm["vocab_local"]
+    tile = vocab_tile(vl)
+    n_tiles = vl // tile
+    base0 = 0 if variant == "local_index" else dm["rank"] * vl
+    r = ROW_TILE
+    high_ties = variant == "higher_index_ties"
+    bf16_logits = variant == "bf16_logits"
+    zero_padding = variant != "skip_padding"
+    options = jit_options(runtime_options)
+    rows_dim = pypto.frontend.dynamic("rows")
+
+    @pypto.frontend.jit(runtime_options=options)
+    def lm_head(
+        hidden: pypto.Tensor([rows_dim, d], pypto.DT_BF16),
+        head: pypto.Tensor([vl, d], pypto.DT_FP32),
+        num_rows: pypto.Tensor([1], pypto.DT_INT32),
+        logits: pypto.Tensor([rows_dim, vl], pypto.DT_FP32),
+        best_value: pypto.Tensor([rows_dim, 1], pypto.DT_FP32),
+        best_index: pypto.Tensor([rows_dim, 1], pypto.DT_INT32),
+    ):
+        total = hidden.shape[0]
+        active = num_rows[0]
+        pypto.set_vec_tile_shapes(tile)
+        iota = pypto.reshape(pypto.arange(0.0, float(tile), 1.0), [1, tile])
+        best = pypto.tensor([r, 1], pypto.DT_FP32, "best")
+        idx = pypto.tensor([r, 1], pypto.DT_FP32, "best_idx")
+        base = pypto.tensor([r, 1], pypto.DT_FP32, "tile_base")
+        state = (best, idx, base)
+        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
+        pypto.set_cube_tile_shapes([16, 16], [64, 256], [128, 128])
+        for i in pypto.loop((active + r - 1) // r, name="LM_HEAD_ROWS", idx_name="i"):
+            start = i * r
+            valid = (active - start).min(r)
+            pypto.set_vec_tile_shapes(VEC_ROWS, min(d, 512))
+            x32 = pypto.cast(pypto.view(hidden, [r, d], [start, 0], valid_shape=[valid, d]),
+                             pypto.DT_FP32)
+            _init_state(pypto, state, base0, r)
+            for j in pypto.loop(n_tiles, name="LM_HEAD_VOCAB", idx_name="j"):
+                xv = pypto.view(x32, [r, d], [0, 0], valid_shape=[valid, d])
+                w = pypto.view(head, [tile, d], [j * tile, 0])
+                s = pypto.matmul(xv, w, pypto.DT_FP32, b_trans=True)  # [r, tile]
+                pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+                if bf16_logits:
+                    s = pypto.cast(pypto.cast(s, pypto.DT_BF16), pypto.DT_FP32)
+                s = pypto.view(s, [r, tile], [0, 0], valid_shape=[valid, tile])
+                pypto.assemble(s, [start, j * tile], logits)
+                _fold_tile(pypto, s, iota, state, r, valid, tile, high_ties)
+            pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+            pypto.assemble(pypto.view(best, [r, 1], [0, 0], valid_shape=[valid, 1]),
+                           [start, 0], best_value)
+            pypto.assemble(pypto.cast(pypto.view(idx, [r, 1], [0, 0], valid_shape=[valid, 1]),
+                                      pypto.DT_INT32), [start, 0], best_index)
+        if zero_padding:  # rows active .. total - 1: what a zero hidden row gives
+            for p in pypto.loop((total - active + r - 1) // r, name="LM_HEAD_PADDING",
+                                idx_name="p"):
+                start = active + p * r
+                valid = (total - start).min(r)
+                pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+                pypto.assemble(pypto.full([r, 1], 0.0, pypto.DT_FP32, valid_shape=[valid, 1]),
+                               [start, 0], best_value)
+                pypto.assemble(pypto.full([r, 1], base0, pypto.DT_INT32, valid_shape=[valid, 1]),
+                               [start, 0], best_index)
+                pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+                for j in pypto.loop(n_tiles, name="LM_HEAD_PADDING_VOCAB", idx_name="j"):
+                    pypto.assemble(pypto.full([r, tile], 0.0, pypto.DT_FP32,
+                                              valid_shape=[valid, tile]),
+                                   [start, j * tile], logits)
+
+    return lm_head
