@@ -136,7 +136,7 @@ def _slab(case, r: int) -> tuple[int, int]:
 
 def compare(config, case, inputs, gold, actual) -> list:
     verdicts = []
-    d, hc = config.hidden_size, config.hc.hc_mult
+    d = config.hidden_size
     for name in ("x_hc_out", "pre_out", "moe_output"):
         if name not in actual:
             from harness.entries.attention import _missing
@@ -172,6 +172,15 @@ def _local(inputs, rank: int, n_local: int) -> dict:
     return {f: inputs[f"w.routed.{f}"][rank * n_local:(rank + 1) * n_local] for f in EXPERT_FIELDS}
 
 
+def check_ep_world(case) -> int:
+    """``case.ep``, which must be ``dp * tp`` (the EP world is the DP groups x TP ranks);
+    raises ValueError naming the field otherwise."""
+    if case.ep != case.dp * case.tp:
+        raise ValueError(f"case.ep: {case.ep} must equal dp * tp = {case.dp * case.tp} (the EP world "
+                         f"is the DP groups x TP ranks)")
+    return case.ep
+
+
 def balanced_routes(config, count: int, first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """An estimate-only run's routing (its router computed nothing): global row ``t``'s slot
     ``c`` goes to expert ``(t * k + c) mod E`` with weight ``1 / k``, every expert equally
@@ -196,10 +205,7 @@ def kernel_sut(platform, config, case, inputs, variants: dict | None = None) -> 
     def opts(module):
         return {"variant": variants[module]} if module in variants else None
     tp, T, d, k = case.tp, case.tokens, config.hidden_size, config.moe.num_experts_per_tok
-    ep = case.dp * tp
-    if case.ep != ep:
-        raise ValueError(f"case.ep: {case.ep} must equal dp * tp = {ep} (the EP world is the DP "
-                         f"groups x TP ranks)")
+    ep = check_ep_world(case)
     n_local = config.moe.n_routed_experts // ep
     estimate_only = getattr(platform, "estimate_only", False)
     memo = attention_kernels.launch_memo(platform)
@@ -210,8 +216,8 @@ def kernel_sut(platform, config, case, inputs, variants: dict | None = None) -> 
     moe_out = inputs["moe_output"]
     pre_out = torch.zeros(case.dp, T, config.hc.hc_mult)
     shared_w = {f: inputs[f"w.shared.{f}"] for f in EXPERT_FIELDS}
+    group = EpGroup(ep, config.moe.n_routed_experts, k, width, d)  # its windows live across epochs
     for epoch in range(1, case.epochs + 1):
-        group = EpGroup(ep, config.moe.n_routed_experts, k, width, d) if epoch == 1 else group
         kept = {}
         for rank in range(ep):  # phase 1: mHC pre, norm, router, shared expert, dispatch
             g, r = divmod(rank, tp)

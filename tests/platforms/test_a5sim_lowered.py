@@ -30,10 +30,12 @@ def _lowered_by_default(case) -> bool:
 
 def _lowered_cases(entry):
     """The entry's TINY cases, plus (composed entries) its first TINY slow case when the
-    default matrix has no TP1 case to lower."""
+    default matrix has no TP1 case to lower, or when it has no default case at all."""
     cases = [c for c in entry.matrix if c.preset == "tiny"]
     if entry.name in DEFAULT_COMPOSED and not any(_lowered_by_default(c) for c in cases):
         cases += [c for c in entry.slow_cases if c.preset == "tiny" and _lowered_by_default(c)][:1]
+    if not cases:  # an entry whose TINY cases are all slow: its first one, lowered under slow
+        cases = [c for c in entry.slow_cases if c.preset == "tiny"][:1]
     return cases
 
 
