@@ -13,7 +13,8 @@ import pytest
 from harness.entries import attention, decode_compose
 from harness.pytest_cases import ARGNAMES, check_case, entry_params
 
-NAMES = sorted({**attention.ENTRIES, **decode_compose.ENTRIES, **decode_compose.PREFILL_ENTRIES})
+NAMES = sorted(n for n in {**attention.ENTRIES, **decode_compose.ENTRIES, **decode_compose.PREFILL_ENTRIES}
+               if not n.startswith("prefill_attn_"))  # those run once, in test_prefill_attn.py
 
 
 @pytest.mark.parametrize(ARGNAMES, [p for name in NAMES for p in entry_params(name)])

@@ -14,7 +14,7 @@ from harness.fixtures import clone_tensors
 from harness.verdict import all_passed
 
 ENTRY = registry.get("decode_layer_swa")
-CASE = ENTRY.matrix[0]
+CASE = ENTRY.slow_cases[0]
 
 
 def failing(verdicts) -> set[tuple[str, str]]:

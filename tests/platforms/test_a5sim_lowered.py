@@ -8,7 +8,8 @@ building-block modules that have lowered TINY cases of their own (``v41.moe_comb
 has no entry: ``tests/platforms/test_a5sim_moe_combine.py``); by default one TP1 case each of the three widest chains is lowered
 (C1A Reindex decode leaf chain via its composition, C2A Full with the ratio-2 ring and the
 mHC kernels, the C1A Reindex prefill leaf) and every other composed case is lowered under
-``slow`` (75-450 s each at this level: about an hour of the default run otherwise)."""
+``slow`` (75-450 s each at this level: about an hour of the default run otherwise).  A
+building block's first two TINY cases are lowered by default, any further ones under ``slow``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from harness.runner import run_case
 
 COMPOSED = ("decode_", "prefill_", "moe")  # attention leaves and mHC / MoE compositions
 DEFAULT_COMPOSED = ("decode_c1a_reindex", "decode_c2a_full", "prefill_attn_c1a_reindex")
+BLOCK_DEFAULT_CASES = 2  # a building block's first TINY cases lowered by default, the rest slow
 
 
 def _lowered_by_default(case) -> bool:
@@ -45,8 +47,9 @@ def _kernel_tiny_cases():
         if not entry.sut_for("a5sim")[0].startswith("kernel:"):
             continue
         params += [pytest.param(case, id=case.case_id,
-                                marks=() if _lowered_by_default(case) else pytest.mark.slow)
-                   for case in _lowered_cases(entry)]
+                                marks=() if _lowered_by_default(case) and i < BLOCK_DEFAULT_CASES
+                                else pytest.mark.slow)
+                   for i, case in enumerate(_lowered_cases(entry))]
     return params
 
 

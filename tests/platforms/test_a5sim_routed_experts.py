@@ -54,7 +54,8 @@ def test_kernel_equals_golden_on_every_ep_rank(a5sim):
         assert bool((out["y"][r, n:] == 0).all())
 
 
-@pytest.mark.parametrize("variant", ["swap_nibbles", "no_clamp", "no_route_weight"])
+@pytest.mark.parametrize("variant", ["swap_nibbles", pytest.param("no_clamp", marks=pytest.mark.slow),
+                                     pytest.param("no_route_weight", marks=pytest.mark.slow)])
 def test_wrong_kernel_fails_the_row_bound(a5sim, variant):
     verdicts, _, _ = run_with(a5sim, SINGLE, entry_mod.kernel_sut(variant))
     bad = failing(verdicts)
