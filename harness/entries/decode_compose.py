@@ -333,6 +333,19 @@ def _make(spec, phase: str = "decode") -> Entry:
                       kinds=KINDS, inactive_rows=True)
     matrix, slow = _matrix(name, support) if phase == "decode" else _prefill_matrix(name)
 
+    description = (f"{phase} {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
+                   f"attn_norm, the {phase}_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank"
+                   f"{'' if phase == 'decode' else ', residuals token-sharded'})")
+    return register_mode_entry(spec, name, description, support, matrix, slow, build_inputs, golden,
+                               compare, kernel_sut, work)
+
+
+def register_mode_entry(spec, name: str, description: str, support: Support, matrix, slow,
+                        build_inputs, golden, compare, kernel_sut, work) -> Entry:
+    """Register an entry over ``spec``'s representative layer: ``build_inputs(config, case,
+    layer)``, ``golden(config, case, inputs, layer)``, ``compare(spec, config, case, inputs,
+    gold, actual)``, ``kernel_sut(layer)`` and ``work(layer)``, each run with the small-shape
+    thread setting (:func:`attention_paths.small_shape_threads`)."""
     def layer(config):
         return config.representative_layer(spec.mode)
 
@@ -347,10 +360,7 @@ def _make(spec, phase: str = "decode") -> Entry:
             return kernel_sut(layer(config))(platform, config, case, inputs)
 
     return register(Entry(
-        name=name,
-        description=f"{phase} {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
-                    f"attn_norm, the {phase}_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank"
-                    f"{'' if phase == 'decode' else ', residuals token-sharded'})",
+        name=name, description=description,
         support=support, matrix=matrix, slow_cases=slow,
         build_inputs=guarded(lambda c, k: build_inputs(c, k, layer(c))),
         golden=guarded(lambda c, k, i: golden(c, k, i, layer(c))),

@@ -27,8 +27,7 @@ import dataclasses
 from harness.case import Case, Support
 from harness.entries import attention, decode_compose, moe
 from harness.entries._kernel import sequential_cost
-from harness.entries import attention_paths as paths
-from harness.registry import Entry, SutOutput, Work, register
+from harness.registry import Entry, SutOutput, Work
 
 FFN = "ffn."
 FFN_OUTPUTS = ("x_hc_out", "pre_out", "moe_output")
@@ -124,30 +123,10 @@ def _make(spec) -> Entry:
         base.with_(tp=4, ep=4, tokens=33, active_tokens=31, requests=6, epochs=2, kind="masked"),
         base.with_(tp=4, dp=2, ep=8, active_tokens=None, dp_tokens=(8, 5)))
 
-    def layer(config):
-        return config.representative_layer(spec.mode)
-
-    def guarded(fn):
-        def call(config, case, *args):
-            with paths.small_shape_threads(config):
-                return fn(config, case, *args)
-        return call
-
-    def sut(platform, config, case, inputs):
-        with paths.small_shape_threads(config):
-            return kernel_sut(layer(config))(platform, config, case, inputs)
-
-    return register(Entry(
-        name=name,
-        description=f"decode Block, {spec.mode.value}: the decode_{spec.mode.value} composition then the moe "
-                    f"composition (pre-mix handed over, sharded residual slabs, EP = DP x TP)",
-        support=support, matrix=cases, slow_cases=slow,
-        build_inputs=guarded(lambda c, k: build_inputs(c, k, layer(c))),
-        golden=guarded(lambda c, k, i: golden(c, k, i, layer(c))),
-        compare=guarded(lambda c, k, i, g, a: compare(spec, c, k, i, g, a)),
-        kernels={"a5sim": sut, "a5": sut},
-        work=lambda c, k, i: work(layer(c))(c, k, i),
-    ))
+    description = (f"decode Block, {spec.mode.value}: the decode_{spec.mode.value} composition then the moe "
+                   f"composition (pre-mix handed over, sharded residual slabs, EP = DP x TP)")
+    return decode_compose.register_mode_entry(spec, name, description, support, cases, slow, build_inputs,
+                                              golden, compare, kernel_sut, work)
 
 
 ENTRIES = {e.name: e for e in (_make(s) for s in attention.MODES)}
