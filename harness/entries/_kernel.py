@@ -7,15 +7,16 @@ import torch
 from harness.registry import SutOutput
 
 
-def active_count(num_tokens: torch.Tensor, tokens: int) -> int:
-    """The runtime active-row count of a kernel launch: ``num_tokens`` must be INT32 ``[1]``
-    in ``[0, tokens]``.  Returns it; raises ValueError naming the field and the bound."""
+def active_count(num_tokens: torch.Tensor, tokens: int, name: str = "num_tokens") -> int:
+    """The runtime active-row count of a kernel launch: ``num_tokens`` (the ABI field
+    ``name``) must be INT32 ``[1]`` in ``[0, tokens]``.  Returns it; raises ValueError naming
+    the field and the bound."""
     if num_tokens.dtype != torch.int32 or num_tokens.numel() != 1:
-        raise ValueError(f"num_tokens: must be INT32 [1], got {num_tokens.dtype} "
+        raise ValueError(f"{name}: must be INT32 [1], got {num_tokens.dtype} "
                          f"{tuple(num_tokens.shape)}")
     n = int(num_tokens.reshape(-1)[0])
     if not 0 <= n <= tokens:
-        raise ValueError(f"num_tokens: {n} outside [0, T={tokens}]")
+        raise ValueError(f"{name}: {n} outside [0, T={tokens}]")
     return n
 
 

@@ -103,7 +103,7 @@ def validate_launch(config, inputs) -> int:
     for name, x in (("hidden", h), ("head", w)):
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name}: contains NaN or Inf; values must be finite")
-    return active_count(inputs["num_rows"], h.shape[0])
+    return active_count(inputs["num_rows"], h.shape[0], "num_rows")
 
 
 def combine_rank_picks(values: torch.Tensor, indices: torch.Tensor

@@ -135,9 +135,9 @@ def _inputs(case=PADDED2):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("num_rows", torch.tensor([41], dtype=torch.int32), r"num_tokens: 41 outside \[0, T=40\]"),
-    ("num_rows", torch.tensor([-1], dtype=torch.int32), r"num_tokens: -1 outside \[0, T=40\]"),
-    ("num_rows", torch.tensor([3], dtype=torch.int64), r"num_tokens: must be INT32 \[1\]"),
+    ("num_rows", torch.tensor([41], dtype=torch.int32), r"num_rows: 41 outside \[0, T=40\]"),
+    ("num_rows", torch.tensor([-1], dtype=torch.int32), r"num_rows: -1 outside \[0, T=40\]"),
+    ("num_rows", torch.tensor([3], dtype=torch.int64), r"num_rows: must be INT32 \[1\]"),
     ("hidden", "fp32", r"hidden: must be bfloat16 \[R >= 1, 256\]"),
     ("head", "bf16", r"head: must be float32 \[512, 256\]"),
     ("head", "nan", r"head: contains NaN or Inf"),
