@@ -76,6 +76,8 @@ class RankLauncher:
     records: list = dataclasses.field(default_factory=list)
     memo: "LaunchMemo | None" = None  # a5sim launch reuse (see :func:`launch_key`)
     trace: list | None = None  # dry: (module, axes, args and outputs) of every launch
+    launched: int = 0  # kernels interpreted / run on this rank
+    reused: int = 0  # launches answered by the memo (an identical earlier launch's outputs)
 
     def __call__(self, module: str, axes: dict, args: dict, *, validate=None,
                  options: dict | None = None) -> dict:
@@ -91,6 +93,7 @@ class RankLauncher:
                                                          data=not self.memo.by_shape)
         if key is not None and (hit := self.memo.get(key)) is not None:
             outputs, record = hit
+            self.reused += 1
             if record:  # the earlier launch's cost, booked to this rank
                 self.records.append({**record, "rank": self.rank})
             if outputs is None:  # a shape-keyed estimate: nothing was computed to hand back
@@ -106,6 +109,7 @@ class RankLauncher:
                 fill = SENTINEL if a.torch_dtype.is_floating_point else ROW_SENTINEL
                 tensors[a.name] = torch.full(a.shape, fill, dtype=a.torch_dtype)
         result = self.platform.launch(program, self.rank, tensors)
+        self.launched += 1
         result.raise_for_error()
         record = result.cost_record()
         if record:

@@ -200,6 +200,33 @@ def make_sut(variants: dict | None = None):
 
 def kernel_sut(platform, config, case, inputs, variants: dict | None = None) -> SutOutput:
     """The per-rank launches and host transports of the module doc, ``case.epochs`` times."""
+    ep = check_ep_world(case)
+    memo = attention_kernels.launch_memo(platform)
+    launchers = [attention_kernels.RankLauncher(platform, config, rank, case.preset, memo=memo)
+                 for rank in range(ep)]
+    group = new_ep_group(config, case)  # its windows live across epochs
+    outs = None
+    for epoch in range(1, case.epochs + 1):
+        outs = site_epoch(platform, config, case, inputs, launchers, group, epoch, variants)
+    for k in ("x_hc_out", "pre_out"):
+        inputs[k].copy_(outs[k])
+    inputs["moe_output"].copy_(outs["moe_output"])
+    records = [r for lc in launchers for r in lc.cost()]
+    return SutOutput({"x_hc_out": inputs["x_hc_out"], "pre_out": inputs["pre_out"],
+                      "moe_output": inputs["moe_output"]}, records)
+
+
+def new_ep_group(config, case) -> EpGroup:
+    """The EP transport of ``case``'s world: one window per rank of ``ceil(T / tp)`` rows."""
+    return EpGroup(check_ep_world(case), config.moe.n_routed_experts, config.moe.num_experts_per_tok,
+                   -(-case.tokens // case.tp), config.hidden_size)
+
+
+def site_epoch(platform, config, case, inputs, launchers, group: EpGroup, epoch: int,
+               variants: dict | None = None) -> dict:
+    """One epoch of the FFN site over every EP rank (``launchers[rank]``) through ``group``'s
+    windows at ``epoch``: returns ``x_hc_out`` FP32 ``[dp, T, hc, D]``, ``pre_out`` FP32
+    ``[dp, T, hc]`` and ``moe_output`` BF16 ``[dp, T, D]`` (rows of an empty slab zero)."""
     variants = variants or {}
 
     def opts(module):
@@ -208,72 +235,62 @@ def kernel_sut(platform, config, case, inputs, variants: dict | None = None) -> 
     ep = check_ep_world(case)
     n_local = config.moe.n_routed_experts // ep
     estimate_only = getattr(platform, "estimate_only", False)
-    memo = attention_kernels.launch_memo(platform)
-    launchers = [attention_kernels.RankLauncher(platform, config, rank, case.preset, memo=memo)
-                 for rank in range(ep)]
-    width = -(-T // tp)
     x_hc_out = torch.zeros(case.dp, T, config.hc.hc_mult, d)
-    moe_out = inputs["moe_output"]
+    moe_out = torch.zeros(case.dp, T, d, dtype=torch.bfloat16)
     pre_out = torch.zeros(case.dp, T, config.hc.hc_mult)
     shared_w = {f: inputs[f"w.shared.{f}"] for f in EXPERT_FIELDS}
-    group = EpGroup(ep, config.moe.n_routed_experts, k, width, d)  # its windows live across epochs
-    for epoch in range(1, case.epochs + 1):
-        kept = {}
-        for rank in range(ep):  # phase 1: mHC pre, norm, router, shared expert, dispatch
-            g, r = divmod(rank, tp)
-            lo, m = _slab(case, r)
-            count = rank_slab(case.group_active(g), tp, r, T)[1]
-            launch = launchers[rank]
-            if m == 0:
-                group.publish_dispatch(rank, epoch, torch.zeros(0, d, dtype=torch.bfloat16),
-                                       torch.zeros(0, k, dtype=_I32), torch.zeros(0, k))
-                continue
-            x_hc = inputs[f"g{g}.x_hc"][lo:lo + m].contiguous()
-            mixes = launch("v41.hc_mixes", {"tokens": m},
-                           {"x_hc": x_hc, "fn": inputs["w.hc.fn"], "scale": inputs["w.hc.scale"],
-                            "base": inputs["w.hc.base"]})
-            collapsed = launch("v41.hc_pre", {"tokens": m},
-                               {"x_hc": x_hc, "pre": inputs[f"g{g}.pre_in"][lo:lo + m].contiguous()})["y"]
-            x = launch("v41.rmsnorm", {"tokens": m}, {"x": collapsed, "weight": inputs["w.ffn_norm"]})["y"]
-            n = torch.tensor([count], dtype=_I32)
-            routes = launch("v41.gate", {"tokens": m},
-                            {"x_norm": x, "gate_weight": inputs["w.gate.weight"],
-                             "correction_bias": inputs["w.gate.bias"], "num_tokens": n})
-            shared = launch("v41.shared_expert", {"tokens": m}, {"x": x, "num_tokens": n, **shared_w},
-                            options=opts("v41.shared_expert"))["y"]
-            idx, wts = routes["indices"][:count].contiguous(), routes["weights"][:count].contiguous()
-            if estimate_only:  # nothing was computed: route as a balanced router would
-                idx, wts = balanced_routes(config, count, g * T + lo)
-            group.publish_dispatch(rank, epoch, x[:count].contiguous(), idx, wts)
-            kept[rank] = (g, lo, m, count, x_hc, mixes, shared)
-        for rank in range(ep):  # phase 2: each rank's local experts over what it received
-            got = group.receive(rank, epoch)
-            rows = got.x.shape[0]
-            if rows == 0:
-                group.publish_combine(rank, epoch, torch.zeros(0, d, dtype=torch.bfloat16))
-                continue
-            y = launchers[rank]("v41.routed_experts", {"rows": rows, "ep": ep},
-                                {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
-                                 "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)},
-                                validate=lambda a: routed_experts.validate_launch(config, a),
-                                options=opts("v41.routed_experts"))["y"]
-            group.publish_combine(rank, epoch, y)
-        for rank, (g, lo, m, count, x_hc, mixes, shared) in kept.items():  # phase 3: combine, mHC post
-            routed, _ = group.collect(rank, epoch)
-            launch = launchers[rank]
-            y = launch("v41.moe_combine", {"tokens": m},
-                       {"routed": routed[:m].reshape(m, k * d).contiguous(), "shared": shared,
-                        "num_tokens": torch.tensor([count], dtype=_I32)}, options=opts("v41.moe_combine"))["y"]
-            out = launch("v41.hc_post", {"tokens": m},
-                         {"y": y, "x_hc": x_hc, "post": mixes["post"], "comb": mixes["comb"]})["out"]
-            x_hc_out[g, lo:lo + m] = out
-            moe_out[g, lo:lo + m] = y
-            pre_out[g, lo:lo + m] = mixes["pre"]
-    inputs["x_hc_out"].copy_(x_hc_out)
-    inputs["pre_out"].copy_(pre_out)
-    records = [r for lc in launchers for r in lc.cost()]
-    return SutOutput({"x_hc_out": inputs["x_hc_out"], "pre_out": inputs["pre_out"], "moe_output": moe_out},
-                     records)
+    kept = {}
+    for rank in range(ep):  # phase 1: mHC pre, norm, router, shared expert, dispatch
+        g, r = divmod(rank, tp)
+        lo, m = _slab(case, r)
+        count = rank_slab(case.group_active(g), tp, r, T)[1]
+        launch = launchers[rank]
+        if m == 0:
+            group.publish_dispatch(rank, epoch, torch.zeros(0, d, dtype=torch.bfloat16),
+                                   torch.zeros(0, k, dtype=_I32), torch.zeros(0, k))
+            continue
+        x_hc = inputs[f"g{g}.x_hc"][lo:lo + m].contiguous()
+        mixes = launch("v41.hc_mixes", {"tokens": m},
+                       {"x_hc": x_hc, "fn": inputs["w.hc.fn"], "scale": inputs["w.hc.scale"],
+                        "base": inputs["w.hc.base"]})
+        collapsed = launch("v41.hc_pre", {"tokens": m},
+                           {"x_hc": x_hc, "pre": inputs[f"g{g}.pre_in"][lo:lo + m].contiguous()})["y"]
+        x = launch("v41.rmsnorm", {"tokens": m}, {"x": collapsed, "weight": inputs["w.ffn_norm"]})["y"]
+        n = torch.tensor([count], dtype=_I32)
+        routes = launch("v41.gate", {"tokens": m},
+                        {"x_norm": x, "gate_weight": inputs["w.gate.weight"],
+                         "correction_bias": inputs["w.gate.bias"], "num_tokens": n})
+        shared = launch("v41.shared_expert", {"tokens": m}, {"x": x, "num_tokens": n, **shared_w},
+                        options=opts("v41.shared_expert"))["y"]
+        idx, wts = routes["indices"][:count].contiguous(), routes["weights"][:count].contiguous()
+        if estimate_only:  # nothing was computed: route as a balanced router would
+            idx, wts = balanced_routes(config, count, g * T + lo)
+        group.publish_dispatch(rank, epoch, x[:count].contiguous(), idx, wts)
+        kept[rank] = (g, lo, m, count, x_hc, mixes, shared)
+    for rank in range(ep):  # phase 2: each rank's local experts over what it received
+        got = group.receive(rank, epoch)
+        rows = got.x.shape[0]
+        if rows == 0:
+            group.publish_combine(rank, epoch, torch.zeros(0, d, dtype=torch.bfloat16))
+            continue
+        y = launchers[rank]("v41.routed_experts", {"rows": rows, "ep": ep},
+                            {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
+                             "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)},
+                            validate=lambda a: routed_experts.validate_launch(config, a),
+                            options=opts("v41.routed_experts"))["y"]
+        group.publish_combine(rank, epoch, y)
+    for rank, (g, lo, m, count, x_hc, mixes, shared) in kept.items():  # phase 3: combine, mHC post
+        routed, _ = group.collect(rank, epoch)
+        launch = launchers[rank]
+        y = launch("v41.moe_combine", {"tokens": m},
+                   {"routed": routed[:m].reshape(m, k * d).contiguous(), "shared": shared,
+                    "num_tokens": torch.tensor([count], dtype=_I32)}, options=opts("v41.moe_combine"))["y"]
+        out = launch("v41.hc_post", {"tokens": m},
+                     {"y": y, "x_hc": x_hc, "post": mixes["post"], "comb": mixes["comb"]})["out"]
+        x_hc_out[g, lo:lo + m] = out
+        moe_out[g, lo:lo + m] = y
+        pre_out[g, lo:lo + m] = mixes["pre"]
+    return {"x_hc_out": x_hc_out, "pre_out": pre_out, "moe_output": moe_out}
 
 
 def work(config, case, inputs) -> Work:

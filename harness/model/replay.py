@@ -1,0 +1,79 @@
+"""Checks of a kernel forward against the golden, site by site.
+
+* :func:`replay_site`: the golden site REPLAYED on the kernel site's own inputs (its input
+  lanes, delayed pre-mix and, for Attention, rank 0's caches as the site found them):
+  ``goldens.forward.attention_site`` / ``ffn_site``; the head: ``hc_head`` +
+  ``final_norm`` on the kernel's last lanes and ``lm_head`` on the kernel's own gathered
+  hidden rows.  Every active row by the contract's per-row bound: this is the proof that
+  every site computed what the golden computes from the same input, so a difference is
+  never charged twice down the layers.
+* :func:`row_ratios`: per row, the larger of the RMS and peak errors over their bounds
+  (the figure reports print; the verdicts decide).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from goldens.boundary import final_norm, lm_head
+from goldens.forward import attention_site, ffn_site
+from goldens.mhc import hc_head
+from goldens.modes import owned_keys
+from harness.compare import check_row_bound
+from harness.compare.rows import PEAK_ATOL, PEAK_RTOL, RMS_ATOL, RMS_RTOL
+
+
+def row_ratios(actual: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """FP64 per row: ``max(RMS(a-r) / (1e-6 + 0.01 RMS(r)), max|a-r| / (1e-5 + 0.05 RMS(r)))``,
+    inf for a row with a non-finite value."""
+    a, r = actual.to(torch.float64), ref.to(torch.float64)
+    d = a - r
+    rms_ref = r.square().mean(-1).sqrt()
+    out = torch.maximum(d.square().mean(-1).sqrt() / (RMS_ATOL + RMS_RTOL * rms_ref),
+                        d.abs().amax(-1) / (PEAK_ATOL + PEAK_RTOL * rms_ref))
+    out[~torch.isfinite(a).all(-1)] = float("inf")
+    return out
+
+
+def _pairs(config, golden, batch, trace):
+    """``[(output name, actual rows, reference rows)]`` of one site's replay."""
+    n, d = batch.active, config.hidden_size
+    name = "head" if trace.kind == "head" else f"L{trace.layer}.{trace.kind}"
+    if trace.kind == "head":
+        hidden = final_norm(hc_head(trace.x_in, trace.pre_in, config), golden.weights.final_norm(), config)
+        logits = lm_head(trace.logit_rows, golden.weights.head(), config)
+        return [(f"{name}.hidden", trace.x_out[:n], hidden[:n]), (f"{name}.logits", trace.logits, logits)]
+    if trace.kind == "attn":
+        x, pre = attention_site(config, trace.layer, trace.x_in, trace.pre_in,
+                                golden.weights.attention_site(trace.layer), copy.deepcopy(trace.caches), batch,
+                                golden.rope)
+    else:
+        x, pre = ffn_site(config, trace.x_in, trace.pre_in, golden.weights.ffn_site(trace.layer), n)
+    return [(f"{name}.x_hc", trace.x_out[:n].reshape(-1, d), x[:n].reshape(-1, d)),
+            (f"{name}.pre", trace.pre_out[:n], pre[:n])]
+
+
+def ownership_problems(config, trace) -> list[str]:
+    """An Attention site's cache writes outside what its mode owns (``goldens.modes.
+    owned_keys``: the layer's own window, and its publications where it is a source), per
+    rank, and ranks whose cache replicas no longer agree byte for byte."""
+    if trace.kind != "attn":
+        return []
+    owned = owned_keys(config, trace.layer)
+    out = [f"L{trace.layer}.attn rank {r}: wrote caches it does not own: {sorted(ch - owned)}"
+           for r, ch in enumerate(trace.changed or []) if ch - owned]
+    if not trace.replicas_equal:
+        out.append(f"L{trace.layer}.attn: the ranks' cache replicas differ after the site")
+    return out
+
+
+def replay_site(config, golden, batch, trace) -> tuple[list, float]:
+    """``(verdicts, worst row ratio)`` of the golden site replayed on ``trace``'s inputs."""
+    verdicts, worst = [], 0.0
+    for name, actual, ref in _pairs(config, golden, batch, trace):
+        verdicts += check_row_bound(name, actual, ref)
+        if actual.numel():
+            worst = max(worst, float(row_ratios(actual, ref).max()))
+    return verdicts, worst
