@@ -178,7 +178,9 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
             tokens[r].append(int(out.next_ids[r]))
         steps.append({"kind": "prefill" if step == 0 else "decode", "rows": rows, "seconds": round(seconds, 3),
                       "estimated_a5_us": out.estimate_us(), "kernel_launches": out.launched,
-                      "reused_launches": out.reused, "logit_row_ratio": [round(float(x), 4) for x in ratios],
+                      "reused_launches": out.reused,
+                      "site_launches": {c.name: c.launched + c.reused for c in out.sites},
+                      "logit_row_ratio": [round(float(x), 4) for x in ratios],
                       "replay_worst_row_ratio": round(step_replay, 4),
                       "ids": out.next_ids.tolist(), "golden_ids_same_feed": gold.next_ids.tolist()})
         feeds = [[t[-1]] for t in tokens]
