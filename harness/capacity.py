@@ -1,9 +1,8 @@
 """``python -m harness.capacity``: per-card HBM and decode boundary traffic of a preset.
 
-Arithmetic over :mod:`goldens.config` only (no torch): every size comes from the preset's
-dimensions, its layer schedule and the checkpoint layout :func:`checkpoint_keys` re-derives
-(``tests/harness/test_capacity.py`` checks it equals ``goldens.checkpoint.checkpoint_schema``
-key for key, which imports torch and would cost more than a second here).  GB = 1e9 bytes.
+Arithmetic over :mod:`goldens.config`: every size comes from the preset's dimensions, its
+layer schedule and the checkpoint layout (``goldens.checkpoint.checkpoint_schema``, its
+shapes and safetensors dtypes).  GB = 1e9 bytes.
 
 Weights per card (ideal payload: no alignment, no runtime workspaces), stored as the
 checkpoint stores them (FP8 = E4M3 codes + one E8M0 per 32x32 block, routed experts packed
@@ -65,9 +64,6 @@ from goldens.config import (MX_GROUP, SUPPORTED_EP_SIZES, SUPPORTED_TP_SIZES, V4
 GB = 1e9
 MB = 1e6
 BF16, FP32, E4M3, E8M0 = 2, 4, 1, 1
-# safetensors dtype -> item size (goldens.checkpoint.schema.DTYPES without torch)
-ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1,
-              "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 CONTRACT_REL = 0.01
 
 
@@ -122,68 +118,13 @@ def check_layout(config: V41Config, lay: Layout) -> None:
                                           f"(active sequences per DP group)")
 
 
-# ---- checkpoint layout (torch-free mirror of goldens.checkpoint.checkpoint_schema) ---------
+# ---- checkpoint layout -------------------------------------------------------------------
 
 def checkpoint_keys(config: V41Config, fp32_storage: str = "BF16"):
-    """Every key of the released layout: ``key -> (shape, safetensors dtype)``, the same
-    dictionary ``goldens.checkpoint.checkpoint_schema`` returns (the test pins that)."""
-    c, g = config, MX_GROUP
-    d, hd, ql = c.hidden_size, c.head_dim, c.q_lora_rank
-    ih, idim, m = c.index.n_heads, c.index.head_dim, c.moe
-    s = {"embed.weight": ((c.vocab_size, d), "BF16")}
-
-    def fp8(stem, n, k):
-        s[f"{stem}.weight"] = ((n, k), "F8_E4M3")
-        s[f"{stem}.scale"] = ((n // g, k // g), "F8_E8M0")
-
-    def fp4(stem, n, k):
-        s[f"{stem}.weight"] = ((n, k // 2), "I8")
-        s[f"{stem}.scale"] = ((n, k // g), "F8_E8M0")
-
-    for lc in c.layers():
-        p = f"layers.{lc.layer}"
-        s[f"{p}.hc_attn_fn"] = ((c.mix_hc, c.hc_dim), "F32")
-        s[f"{p}.hc_attn_scale"] = ((3,), "F32")
-        s[f"{p}.hc_attn_base"] = ((c.mix_hc,), "F32")
-        s[f"{p}.attn_norm.weight"] = ((d,), "BF16")
-        fp8(f"{p}.attn.wq_a", ql, d)
-        s[f"{p}.attn.q_norm.weight"] = ((ql,), "BF16")
-        fp8(f"{p}.attn.wq_b", c.num_heads * hd, ql)
-        fp8(f"{p}.attn.wkv", hd, d)
-        s[f"{p}.attn.kv_norm.weight"] = ((hd,), "BF16")
-        fp8(f"{p}.attn.wo_a", c.o_groups * c.o_lora_rank, c.o_group_in)
-        fp8(f"{p}.attn.wo_b", d, c.o_groups * c.o_lora_rank)
-        s[f"{p}.attn.attn_sink"] = ((c.num_heads,), "F32")
-        if lc.is_kv_source:
-            cdt = fp32_storage if lc.ratio == 2 else "BF16"
-            s[f"{p}.attn.compressor.wkv.weight"] = ((hd, d), cdt)
-            if lc.ratio == 2:
-                s[f"{p}.attn.compressor.wgate.weight"] = ((hd, d), cdt)
-            s[f"{p}.attn.compressor.norm.weight"] = ((hd,), "BF16")
-        if lc.is_index_source:
-            fp8(f"{p}.attn.indexer.wq_b", ih * idim, ql)
-            s[f"{p}.attn.indexer.weights_proj.weight"] = ((ih, d), "BF16")
-        if lc.is_kv_source:
-            s[f"{p}.attn.indexer.wk.weight"] = ((idim, hd), "BF16")
-            s[f"{p}.attn.indexer.k_norm.weight"] = ((idim,), "BF16")
-        s[f"{p}.hc_ffn_fn"] = ((c.mix_hc, c.hc_dim), "F32")
-        s[f"{p}.hc_ffn_scale"] = ((3,), "F32")
-        s[f"{p}.hc_ffn_base"] = ((c.mix_hc,), "F32")
-        s[f"{p}.ffn_norm.weight"] = ((d,), "BF16")
-        s[f"{p}.ffn.gate.weight"] = ((m.n_routed_experts, d), fp32_storage)
-        s[f"{p}.ffn.gate.bias"] = ((m.n_routed_experts,), "F32")
-        for e in range(m.n_routed_experts):
-            q = f"{p}.ffn.experts.{e}"
-            fp4(f"{q}.w1", m.intermediate_size, d)
-            fp4(f"{q}.w3", m.intermediate_size, d)
-            fp4(f"{q}.w2", d, m.intermediate_size)
-        si = m.intermediate_size * m.n_shared_experts
-        fp8(f"{p}.ffn.shared_experts.w1", si, d)
-        fp8(f"{p}.ffn.shared_experts.w3", si, d)
-        fp8(f"{p}.ffn.shared_experts.w2", d, si)
-    s["norm.weight"] = ((d,), "BF16")
-    s["head.weight"] = ((c.vocab_size, d), fp32_storage)
-    return s
+    """Every key of the released layout: ``key -> (shape, safetensors dtype)``
+    (``goldens.checkpoint.checkpoint_schema``)."""
+    from goldens.checkpoint import checkpoint_schema
+    return checkpoint_schema(config, fp32_storage)
 
 
 def checkpoint_keys_top(config: V41Config):
@@ -225,7 +166,8 @@ def weight_group(key: str) -> str:
 
 
 def _nbytes(shape, dtype) -> int:
-    return math.prod(shape) * ITEM_BYTES[dtype]
+    from goldens.checkpoint.schema import DTYPES
+    return math.prod(shape) * DTYPES[dtype][1]
 
 
 def weight_totals(config: V41Config) -> dict[str, int]:
