@@ -263,8 +263,7 @@ class KernelModel:
         for r, launch in enumerate(head):
             out = launch("v41.lm_head", {"tokens": R, "tp": tp, "rank": r},
                          {"hidden": rows, "head": head_w[r * vl:(r + 1) * vl].contiguous(),
-                          "num_rows": torch.tensor([R], dtype=_I32)},
-                         validate=lambda a: None)
+                          "num_rows": torch.tensor([R], dtype=_I32)})
             logits[:, r * vl:(r + 1) * vl] = out["logits"]
             values[r], indices[r] = out["best_value"][:, 0], out["best_index"][:, 0]
         _, next_ids = lm_head.combine_rank_picks(values, indices)
