@@ -60,7 +60,8 @@ from goldens.config import preset as load_preset
 from goldens.forward import GoldenModel, PagedCaches, generate
 from goldens.run_model import DEFAULT_CACHE, DEFAULT_PROMPT, ensure_checkpoint
 from harness.model.forward import KernelModel
-from harness.model.replay import ownership_problems, replay_site, row_ratios
+from harness.compare.rows import row_bound_ratios
+from harness.model.replay import ownership_problems, replay_site
 from harness.model.sensitivity import golden_self_drift
 
 # golden compute functions (and the golden-alt attention path) the kernel forward must not
@@ -166,12 +167,12 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
             replay_failures += [f"step {step} {p}" for p in ownership_problems(config, tr)]
             if tr.kind != "head" and first_drift is None:  # free-running drift from the golden's site
                 n = batch.active
-                drift = row_ratios(tr.x_out[:n].reshape(-1, config.hidden_size),
+                drift = row_bound_ratios(tr.x_out[:n].reshape(-1, config.hidden_size),
                                    golden_sites[(tr.layer, tr.kind)][:n].reshape(-1, config.hidden_size))
                 if float(drift.max()) > 1.0:
                     first_drift = {"step": step, "layer": tr.layer, "site": tr.kind, "ratio": float(drift.max())}
         replay_worst = max(replay_worst, step_replay)
-        ratios = row_ratios(out.logits, gold.logits)
+        ratios = row_bound_ratios(out.logits, gold.logits)
         worst = max(worst, float(ratios.max()))
         within = within and bool((ratios <= 1.0).all())
         for r in rids:

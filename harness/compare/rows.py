@@ -41,16 +41,35 @@ def check_row_bound(
     require_same_shape(output, actual, ref)
     a, labels = selected_rows(output, actual, rows)
     r, _ = selected_rows(output, ref, rows)
-    diff = a - r
-    rms_ref = r.square().mean(dim=-1).sqrt()
+    rms, rms_bound, peak, peak_bound = _row_errors(a, r, rms_atol, rms_rtol, peak_atol, peak_rtol)
     return [
         summarize(output, "finite", (~torch.isfinite(a)).sum(dim=-1), 0.0, labels,
                   metric="non-finite values in actual row"),
-        summarize(output, "row_rms", diff.square().mean(dim=-1).sqrt(), rms_atol + rms_rtol * rms_ref,
+        summarize(output, "row_rms", rms, rms_bound,
                   labels, metric=f"RMS(a-r) <= {rms_atol:g} + {rms_rtol:g}*RMS(r)"),
-        summarize(output, "row_peak", diff.abs().amax(dim=-1), peak_atol + peak_rtol * rms_ref,
+        summarize(output, "row_peak", peak, peak_bound,
                   labels, metric=f"max|a-r| <= {peak_atol:g} + {peak_rtol:g}*RMS(r)"),
     ]
+
+
+def _row_errors(a: torch.Tensor, r: torch.Tensor, rms_atol: float, rms_rtol: float, peak_atol: float,
+                peak_rtol: float):
+    """Per row of ``[n, D]`` rows: ``(RMS(a-r), its bound, max|a-r|, its bound)``."""
+    diff = a - r
+    rms_ref = r.square().mean(dim=-1).sqrt()
+    return (diff.square().mean(dim=-1).sqrt(), rms_atol + rms_rtol * rms_ref,
+            diff.abs().amax(dim=-1), peak_atol + peak_rtol * rms_ref)
+
+
+def row_bound_ratios(actual: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """FP64 per row of ``[n, D]`` rows: the larger of RMS(a-r) and max|a-r| over their
+    contract bounds (what :func:`check_row_bound` decides; > 1 fails), inf for a row with
+    a non-finite value.  For reports that track how close rows come to the bound."""
+    a, r = actual.to(torch.float64), ref.to(torch.float64)
+    rms, rms_bound, peak, peak_bound = _row_errors(a, r, RMS_ATOL, RMS_RTOL, PEAK_ATOL, PEAK_RTOL)
+    out = torch.maximum(rms / rms_bound, peak / peak_bound)
+    out[~torch.isfinite(a).all(dim=-1)] = float("inf")
+    return out
 
 
 def check_zero_rows(output: str, actual: torch.Tensor, rows=None) -> list[Verdict]:

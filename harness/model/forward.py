@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import torch
 
@@ -190,7 +191,7 @@ class KernelModel:
                 x_hc[first:first + count] = launch(
                     "v41.input_pack", {"tokens": count},
                     {"token_ids": ids[first:first + count].contiguous(),
-                     "num_tokens": torch.tensor([count], dtype=_I32), "embed": self._embed()})["x_hc"]
+                     "num_tokens": torch.tensor([count], dtype=_I32), "embed": self._embed})["x_hc"]
         sites.append(SiteCost("input", boundary))
         pre = torch.zeros(T, cfg.hc.hc_mult)
         pre[:, 0] = 1.0  # the first site's delayed pre-mix: one-hot lane 0
@@ -248,7 +249,7 @@ class KernelModel:
                 y = launch("v41.hc_head", {"tokens": count},
                            {"x_hc": x_hc[rows].contiguous(), "last_pre_mix": pre[rows].contiguous()})["y"]
                 slab[:count] = launch("v41.rmsnorm", {"tokens": count},
-                                      {"x": y, "weight": self._final_norm()})["y"]
+                                      {"x": y, "weight": self._final_norm})["y"]
             tp_group.publish_gather(r, epoch, slab)
         hidden = tp_group.all_gather(epoch, N)
         logit_rows = batch.metadata.logit_row_indices.to(torch.int64)
@@ -259,7 +260,7 @@ class KernelModel:
         vl = cfg.vocab_size // tp
         logits = torch.empty(R, cfg.vocab_size)
         values, indices = torch.empty(tp, R), torch.empty(tp, R, dtype=_I32)
-        head_w = self._head()
+        head_w = self._head
         for r, launch in enumerate(head):
             out = launch("v41.lm_head", {"tokens": R, "tp": tp, "rank": r},
                          {"hidden": rows, "head": head_w[r * vl:(r + 1) * vl].contiguous(),
@@ -272,17 +273,14 @@ class KernelModel:
             on_site(SiteTrace(cfg.num_layers, "head", x_hc, pre, hidden, None, logit_rows=rows, logits=logits))
         return KernelForwardOutput(hidden, logits, next_ids.to(_I32), sites)
 
+    @functools.cached_property
     def _embed(self) -> torch.Tensor:
-        if not hasattr(self, "_embed_t"):
-            self._embed_t = kw.exact_bf16(self.weights.embed(), "embed")
-        return self._embed_t
+        return kw.exact_bf16(self.weights.embed(), "embed")
 
+    @functools.cached_property
     def _final_norm(self) -> torch.Tensor:
-        if not hasattr(self, "_norm_t"):
-            self._norm_t = kw.exact_bf16(self.weights.final_norm(), "norm (final)")
-        return self._norm_t
+        return kw.exact_bf16(self.weights.final_norm(), "norm (final)")
 
+    @functools.cached_property
     def _head(self) -> torch.Tensor:
-        if not hasattr(self, "_head_t"):
-            self._head_t = self.weights.head().to(torch.float32).contiguous()
-        return self._head_t
+        return self.weights.head().to(torch.float32).contiguous()

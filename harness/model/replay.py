@@ -7,34 +7,19 @@
   hidden rows.  Every active row by the contract's per-row bound: this is the proof that
   every site computed what the golden computes from the same input, so a difference is
   never charged twice down the layers.
-* :func:`row_ratios`: per row, the larger of the RMS and peak errors over their bounds
-  (the figure reports print; the verdicts decide).
 """
 
 from __future__ import annotations
 
 import copy
 
-import torch
 
 from goldens.boundary import final_norm, lm_head
 from goldens.forward import attention_site, ffn_site
 from goldens.mhc import hc_head
 from goldens.modes import owned_keys
 from harness.compare import check_row_bound
-from harness.compare.rows import PEAK_ATOL, PEAK_RTOL, RMS_ATOL, RMS_RTOL
-
-
-def row_ratios(actual: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """FP64 per row: ``max(RMS(a-r) / (1e-6 + 0.01 RMS(r)), max|a-r| / (1e-5 + 0.05 RMS(r)))``,
-    inf for a row with a non-finite value."""
-    a, r = actual.to(torch.float64), ref.to(torch.float64)
-    d = a - r
-    rms_ref = r.square().mean(-1).sqrt()
-    out = torch.maximum(d.square().mean(-1).sqrt() / (RMS_ATOL + RMS_RTOL * rms_ref),
-                        d.abs().amax(-1) / (PEAK_ATOL + PEAK_RTOL * rms_ref))
-    out[~torch.isfinite(a).all(-1)] = float("inf")
-    return out
+from harness.compare.rows import row_bound_ratios
 
 
 def _pairs(config, golden, batch, trace):
@@ -75,5 +60,5 @@ def replay_site(config, golden, batch, trace) -> tuple[list, float]:
     for name, actual, ref in _pairs(config, golden, batch, trace):
         verdicts += check_row_bound(name, actual, ref)
         if actual.numel():
-            worst = max(worst, float(row_ratios(actual, ref).max()))
+            worst = max(worst, float(row_bound_ratios(actual, ref).max()))
     return verdicts, worst

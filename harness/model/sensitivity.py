@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from goldens.forward import GoldenModel, PagedCaches
-from harness.model.replay import row_ratios
+from harness.compare.rows import row_bound_ratios
 
 ULP_REL = 2.0 ** -8  # one BF16 unit in the last place, relative
 
@@ -47,6 +47,6 @@ def golden_self_drift(golden: GoldenModel, prompts: list[list[int]], feeds: list
             outs.append(golden.forward(ids, pc.batch(rids, rows), pc.caches, on_site=hook))
             pc.advance(rids, rows)
         runs.append(outs)
-    ratios = [float(row_ratios(b.logits, a.logits).max()) for a, b in zip(*runs)]
+    ratios = [float(row_bound_ratios(b.logits, a.logits).max()) for a, b in zip(*runs)]
     return {"fraction": fraction, "worst_logit_row_ratio": max(ratios), "step_ratios": ratios,
             "ids_equal": all(bool(torch.equal(a.next_ids, b.next_ids)) for a, b in zip(*runs))}

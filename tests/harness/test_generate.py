@@ -16,7 +16,8 @@ from goldens.forward import GoldenModel, PagedCaches, ffn_site
 from goldens.run_model import ensure_checkpoint
 from harness import generate
 from harness.model.forward import SiteTrace
-from harness.model.replay import replay_site, row_ratios
+from harness.compare.rows import row_bound_ratios
+from harness.model.replay import replay_site
 
 TINY = preset("tiny")
 
@@ -65,11 +66,11 @@ def test_row_ratios_follow_the_contract_bound():
     act = ref.clone()
     act[1, 0] += 0.05  # peak 0.05 == 1e-5 + 0.05 * 1 -> ratio just under 1
     act[0] += 0.02  # RMS 0.02 vs 1e-6 + 0.01 -> ratio ~2
-    r = row_ratios(act, ref)
+    r = row_bound_ratios(act, ref)
     assert r[0] == pytest.approx(0.02 / (1e-6 + 0.01), rel=1e-6)
     assert r[1] == pytest.approx(0.05 / (1e-5 + 0.05), rel=1e-6)
     act[1, 1] = float("nan")
-    assert row_ratios(act, ref)[1] == float("inf")
+    assert row_bound_ratios(act, ref)[1] == float("inf")
 
 
 def test_replay_fails_exactly_on_a_perturbed_row(checkpoint):
