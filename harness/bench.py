@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 from dataclasses import dataclass, replace
 
@@ -130,7 +131,23 @@ def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo:
             "ratio": est / roof.us if est is not None and roof.us > 0 else None,
             "bytes": work.bytes, "flops": dict(work.flops), "bound": roof.bound,
             "verify_level": getattr(result, "verify_level", None),
-            "wall_s": round(result.seconds, 2), "topology": topo}
+            "wall_s": round(result.seconds, 2), "topology": topo,
+            "reason": short_reason(result.reason)}
+
+
+def short_reason(reason: str) -> str | None:
+    """The line of a failure ``reason`` a reader acts on: the last ``...Error: ...`` line
+    of a traceback (else the first line), plus its ``(log: ...)`` pointer if any."""
+    lines = [ln.strip() for ln in (reason or "").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    short = errors[-1] if errors else lines[0]
+    after = lines[lines.index(short) + 1:lines.index(short) + 2] if errors else []
+    if after and not re.match(r"^(lib|File |\(log:|Traceback|During )", after[0]):
+        short = f"{short} {after[0]}"  # e.g. pypto's "Run pass failed., func ..."
+    logs = [ln for ln in lines if ln.startswith("(log:")]
+    return f"{short} {logs[-1]}" if logs else short
 
 
 def _topology_record() -> dict:
@@ -256,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     if not args.json:
         _print_table(rows, plat, topology.summary())
+        for row in rows:
+            if row["reason"]:
+                print(f"{row['case']}: {row['status']}: {row['reason']}")
     if args.plot is not None:
         from harness.plots.roofline import write_roofline
         path, data = write_roofline(rows, args.plot, plat.hbm_bytes_per_s, plat.peaks)

@@ -234,3 +234,37 @@ def test_an_estimate_is_not_a_pass_without_estimate_only(monkeypatch, capsys):
     import harness.runner
     monkeypatch.setattr(harness.runner, "run_case", fake_run)
     assert bench.main(["--json", "rmsnorm", "--tokens", "4"]) == 1
+
+
+PASS_FAILURE = """LaunchError: launch failed: Traceback (most recent call last):
+  File "parser.py", line 131, in wrapper
+RuntimeError: Errcode: FFFFFF!
+Run pass failed., func CompileFunction, file host_machine.cpp, line 179
+libc.so.6(+0x891f5) [0x7f12578a71f5]
+ (log: /tmp/run/launch-0001-sparse_attention-rank0/worker.log)
+"""
+
+
+def test_short_reason_keeps_the_error_line_its_detail_and_the_log():
+    assert bench.short_reason(PASS_FAILURE) == (
+        "RuntimeError: Errcode: FFFFFF! Run pass failed., func CompileFunction, file "
+        "host_machine.cpp, line 179 (log: /tmp/run/launch-0001-sparse_attention-rank0/"
+        "worker.log)")
+    assert bench.short_reason("cost model only: nothing compared") == (
+        "cost model only: nothing compared")
+    assert bench.short_reason("") is None
+
+
+def test_an_error_row_says_why_in_json_and_under_the_table(monkeypatch, capsys):
+    def fake_run(case, *a, **k):
+        return CaseResult(case=case, sut="kernel:x", status="error", reason=PASS_FAILURE)
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    assert bench.main(["--json", "rmsnorm", "--preset", "tiny"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows and all(r["status"] == "error" and "Run pass failed" in r["reason"]
+                        for r in rows)
+    assert bench.main(["rmsnorm", "--preset", "tiny"]) == 1
+    out = capsys.readouterr().out
+    assert f"{rows[0]['case']}: error: RuntimeError: Errcode: FFFFFF! Run pass failed." in out
