@@ -42,7 +42,7 @@ def fp4_pair_tile(pypto, packed, scales, expert, n0, c0, n_tile, kh, *, swap_nib
 
     ``swap_nibbles`` (even columns from the HIGH nibble) is a deliberately wrong reading
     for the harness's wrong-kernel tests."""
-    groups = kh // PACKED_PER_SCALE
+    groups = kh // PACKED_PER_SCALE  # scale tiles: whole 32-byte blocks (72 -> 96)
     rt = min(n_tile, 16)
     # uint8 tiles: a whole 32-byte block in the last dim, even over narrower tensors
     pypto.set_vec_tile_shapes(1, rt, min(max(kh, 32), VEC_COLS))
@@ -53,11 +53,11 @@ def fp4_pair_tile(pypto, packed, scales, expert, n0, c0, n_tile, kh, *, swap_nib
     low = pypto.sub(b, pypto.mul(high, 16.0))
     if swap_nibbles:
         low, high = high, low
-    pypto.set_vec_tile_shapes(1, rt, max(groups, 32))
+    pypto.set_vec_tile_shapes(1, rt, -(-groups // 32) * 32)
     sc = pypto.view(scales, [1, n_tile, groups], [expert, n0, c0 // PACKED_PER_SCALE])
     n = n_tile * groups
     per = PACKED_PER_SCALE
-    pypto.set_vec_tile_shapes(rt, max(groups, 32))
+    pypto.set_vec_tile_shapes(rt, -(-groups // 32) * 32)
     c = unsigned_codes(pypto, pypto.reshape(sc, [n_tile, groups]))
     pypto.set_vec_tile_shapes(min(n, VEC_COLS))
     c = pypto.reshape(c, [n])

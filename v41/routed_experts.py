@@ -13,8 +13,8 @@ and the view offsets are data-dependent, like ``v41.compressor_ratio2``'s reques
     y  = [BF16](MX(h) @ W2^T)
 
 Each weight is decoded ONE TILE AT A TIME from its packed form (:mod:`v41.mx_fp4_decode`):
-``I_TILE`` rows of W1/W3 (all of K) or ``D_TILE`` rows of W2 for one ``I_TILE`` column
-block.  The nibble planes are contracted against the even and odd activation columns,
+``I_TILE`` rows of W1/W3 (all of K) or ``D_TILE`` rows of W2 (all of K: one decode and
+two products per W2 tile, so the traced body does not grow with ``inter``).  The nibble planes are contracted against the even and odd activation columns,
 ``a[:, 0::2] @ lo^T + a[:, 1::2] @ hi^T``, so no interleaved weight is ever formed.  Every
 product is exact (both operands are exact MX values); only the FP32 summation order
 differs from the golden's FP64 accumulation with one rounding, far inside the contract's
@@ -24,11 +24,9 @@ sizes: 192 tokens x 6 / 384 experts is about 3 rows per expert).  The ``I_TILE``
 ``h`` are whole MX groups, so ``MX(h)`` is quantized block by block (a ``pypto.loop``
 over the blocks) into the scratch output ``h_mx`` (row ``r``: the even columns of
 ``MX(h)``, then the odd ones; rows of no expert are left unwritten), which the W2 loop
-reads back (a smaller traced body than unrolling the blocks; an in-kernel
-``pypto.tensor`` written by one loop and read by a sibling loop crashed the simulator with
-an invalid slot index).  A FLASH compile (hidden 5120, intermediate 2304) has not finished
-here: it passed 16 GB unrolled and 11.9 GB looped within minutes and was stopped.  Rows at or past
-``expert_offsets[L]`` are written with exact zeros.
+reads back as two ``[rows, inter/2]`` operands (an in-kernel ``pypto.tensor`` written by
+one loop and read by a sibling loop crashed the simulator with an invalid slot index).
+Rows at or past ``expert_offsets[L]`` are written with exact zeros.
 
 Applying the route weight after W2 instead is the same product up to rounding (``MX(h*w)``
 vs ``MX(h)*w``): measured at TINY it stays inside the per-row bound, so the comparison
@@ -212,21 +210,16 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     pypto.assemble(he, [start, p * (it // 2)], h_mx)
                     pypto.assemble(ho, [start, ih + p * (it // 2)], h_mx)
                 for nt in pypto.loop(d // dt, name="RE_W2", idx_name="nt"):
-                    acc = None
-                    for q in range(inter // it):  # unrolled at trace time
-                        c0 = q * (it // 2)
-                        lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w2, w2_scale, j, nt * dt,
-                                                             c0, dt, it // 2, swap_nibbles=swap)
-                        pypto.set_vec_tile_shapes(rows, it // 2)
-                        he = pypto.view(h_mx, [rows, it // 2], [start, c0],
-                                        valid_shape=[valid, it // 2])
-                        ho = pypto.view(h_mx, [rows, it // 2], [start, ih + c0],
-                                        valid_shape=[valid, it // 2])
-                        mm = pypto.add(pypto.matmul(he, lo, pypto.DT_FP32, b_trans=True),
-                                       pypto.matmul(ho, hi, pypto.DT_FP32, b_trans=True))
-                        pypto.set_vec_tile_shapes(rows, dt)
-                        acc = mm if acc is None else pypto.add(acc, mm)
+                    # all of K at once: h_mx holds MX(h)'s even columns, then its odd ones
+                    lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w2, w2_scale, j, nt * dt, 0,
+                                                         dt, ih, swap_nibbles=swap)
+                    pypto.set_vec_tile_shapes(rows, cols(ih))
+                    he = pypto.view(h_mx, [rows, ih], [start, 0], valid_shape=[valid, ih])
+                    ho = pypto.view(h_mx, [rows, ih], [start, ih], valid_shape=[valid, ih])
+                    mm_even = pypto.matmul(he, lo, pypto.DT_FP32, b_trans=True)
+                    mm_odd = pypto.matmul(ho, hi, pypto.DT_FP32, b_trans=True)
                     pypto.set_vec_tile_shapes(rows, dt)
+                    acc = pypto.add(mm_even, mm_odd)
                     out = pypto.view(pypto.cast(acc, pypto.DT_BF16), [rows, dt], [0, 0],
                                      valid_shape=[valid, dt])
                     pypto.assemble(out, [start, nt * dt], y)

@@ -8,15 +8,23 @@ Per row tile of ``ROW_TILE`` active tokens (brackets mark a BF16 cast, as in the
     h_j = [silu(g_j) * u_j]                       FP32, silu = g / (1 + exp(-g))
     y   = [sum_j MX(h_j) @ W2[:, j]^T]            FP32 accumulation, one BF16 cast
 
-``j`` runs over the ``I / I_TILE`` column tiles of the intermediate width (unrolled at
-trace time): ``W1_j`` / ``W3_j`` are the tile's ``I_TILE`` output rows, decoded one tile
-at a time (:func:`v41.mx_linear.mx_linear_tile`).  ``MX(h)`` quantizes groups of 32
-columns, so quantizing each ``h_j`` on its own equals quantizing the whole row; the W2
-product takes the ``h_j`` as column parts and decodes ``W2`` one ``[N_TILE, I_TILE]``
-block at a time (``NARROW_N_TILE`` rows at TINY, see there).  No expanded weight exists
-beyond one tile.  The golden's per-K-group FP32 partials differ from the cube's FP32
-accumulation by reassociation only; its silu is FP64 with one rounding, the kernel's FP32
-(last-bit differences before the BF16 cast; the TINY matrix cases matched bit for bit).
+Schedule (weight-stationary: every weight element is decoded ONCE per launch, however many
+row tiles there are, and the traced loop bodies do not grow with ``inter`` or ``tokens``):
+
+1. ``SE_XQ``: ``MX(x)`` of every active row tile into the scratch output ``xq``;
+2. ``SE_W13``: per ``I_TILE`` block ``j`` of the intermediate width, ``W1_j`` and ``W3_j``
+   (``I_TILE`` rows, all of ``hidden``) are decoded once, then an inner loop over the row
+   tiles writes ``MX(h_j)`` into the scratch output ``h_mx`` (``MX(h)`` quantizes groups
+   of 32 columns, so quantizing each ``h_j`` on its own equals quantizing the whole row);
+3. ``SE_W2``: per ``N_TILE`` rows of ``W2`` (all of ``inter``), decoded once, an inner
+   loop over the row tiles writes ``y``.
+
+No expanded weight exists beyond one tile.  (The scratch tensors are outputs because an
+in-kernel ``pypto.tensor`` written by one loop and read by a sibling loop crashes the
+simulator, see :mod:`v41.routed_experts`.)  The golden's per-K-group FP32 partials differ
+from the cube's FP32 accumulation by reassociation only; its silu is FP64 with one
+rounding, the kernel's FP32 (last-bit differences before the BF16 cast; the TINY matrix
+cases matched bit for bit).
 
 Inactive rows (contract, reference-facts 4.14): the row loop covers only the tiles below
 ``num_tokens`` (the last tile's ``valid_shape`` stops at row ``num_tokens - 1``, so padding
@@ -38,6 +46,8 @@ w3_scale      (inter / 32, hidden / 32) uint8     in
 w2            (hidden, inter)           uint8     in
 w2_scale      (hidden / 32, inter / 32) uint8     in
 y             (tokens, hidden)          bfloat16  out
+xq            (tokens, hidden)          bfloat16  out  (scratch: MX(x), active rows)
+h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active rows)
 ============  ========================  ========  =====
 
 ``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``inter`` is
@@ -49,7 +59,7 @@ y             (tokens, hidden)          bfloat16  out
 from v41 import mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 
-ROW_TILE = 32  # tokens per row tile (the weights are decoded once per row tile)
+ROW_TILE = 32  # tokens per row tile (the weights are decoded once per launch, not per tile)
 I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
 N_TILE = 128  # W2 output rows decoded per tile
 # W2 rows per tile when its E8M0 scale rows are at most NARROW_SCALE_BYTES wide (TINY: inter
@@ -79,6 +89,8 @@ ABI = (
     Arg("w2", ("hidden", "inter"), "uint8", "in"),
     Arg("w2_scale", ("hidden_blocks", "inter_blocks"), "uint8", "in"),
     Arg("y", ("tokens", "hidden"), "bfloat16", "out"),
+    Arg("xq", ("tokens", "hidden"), "bfloat16", "out"),
+    Arg("h_mx", ("tokens", "inter"), "bfloat16", "out"),
 )
 
 
@@ -107,10 +119,33 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
     return pypto.mul(silu, u)
 
 
+def k_chunk(k: int, most: int = 1024) -> int:
+    """The K columns one cube operand view takes: the largest multiple of 32 up to
+    ``most`` that divides ``k`` (a ``[32, 5120]`` BF16 view exceeds the 248 KB UB)."""
+    return max(c for c in range(32, min(k, most) + 1, 32) if k % c == 0)
+
+
+def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
+    """FP32 ``[rows, n]``: rows ``start .. start + valid`` of the BF16 DDR tensor ``a``
+    ``[*, k]`` times the BF16 tile ``w_tile [n, k]`` transposed, K split into
+    :func:`k_chunk` views (FP32 partial products added in K order)."""
+    kc = k_chunk(k)
+    acc = None
+    for q in range(k // kc):  # unrolled at trace time (FLASH: 5 for hidden, 3 for inter)
+        pypto.set_vec_tile_shapes(min(rows, 16), kc)
+        av = pypto.view(a, [rows, kc], [start, q * kc], valid_shape=[valid, kc])
+        wv = pypto.view(w_tile, [n, kc], [0, q * kc])
+        mm = pypto.matmul(av, wv, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(min(rows, 16), n)
+        acc = mm if acc is None else pypto.add(acc, mm)
+    return acc
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           i_tile: int = I_TILE, runtime_options: dict | None = None):
     """The jit kernel ``shared_expert(x, num_tokens, w1, w1_scale, w3, w3_scale, w2,
-    w2_scale, y)``: rows below ``num_tokens`` get the shared expert, the rest zeros.
+    w2_scale, y, xq, h_mx)``: rows below ``num_tokens`` get the shared expert, the rest
+    zeros (``xq`` / ``h_mx`` are scratch).
     ``i_tile`` (a multiple of 32) is the intermediate column tile (``inter`` when
     smaller); a smaller one splits a TINY row into several parts, as FLASH's is."""
     if variant not in VARIANTS:
@@ -144,36 +179,53 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         w2: pypto.Tensor([hidden, inter], pypto.DT_UINT8),
         w2_scale: pypto.Tensor([hidden // 32, inter // 32], pypto.DT_UINT8),
         y: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        h_mx: pypto.Tensor([tokens_dim, inter], pypto.DT_BF16),
     ):
         tokens = x.shape[0]
         if compute_padding:
             active = tokens
         else:
             active = num_tokens[0]
+        row_tiles = (active + rows - 1) // rows
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
-        for i in pypto.loop((active + rows - 1) // rows, name="SE_ROWS", idx_name="r"):
-            start = i * rows
+        for r in pypto.loop(row_tiles, name="SE_XQ", idx_name="r"):
+            start = r * rows
             valid = (active - start).min(rows)
             pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
             x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), fp32)
-            xq = [(mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden), hidden)]
-            parts = []  # (MX(h_j) BF16 [rows, i_tile], i_tile) in column order
-            for j in range(inter // i_tile):  # unrolled at trace time
-                g = mx_linear.mx_linear_tile(pypto, xq, w1, w1_scale, j * i_tile, i_tile,
-                                             rows, valid)
-                u = mx_linear.mx_linear_tile(pypto, xq, w3, w3_scale, j * i_tile, i_tile,
-                                             rows, valid)
+            xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
+            kc = k_chunk(hidden)
+            for q in range(hidden // kc):  # a whole [32, 5120] BF16 row tile exceeds the UB
+                pypto.set_vec_tile_shapes(min(rows, 8), kc)
+                pypto.assemble(pypto.view(xr, [rows, kc], [0, q * kc], valid_shape=[valid, kc]),
+                               [start, q * kc], xq)
+        for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
+            w1t = mx_linear.mx_weight_tile_bf16(pypto, w1, w1_scale, j * i_tile, 0, i_tile,
+                                                hidden)
+            w3t = mx_linear.mx_weight_tile_bf16(pypto, w3, w3_scale, j * i_tile, 0, i_tile,
+                                                hidden)
+            for r in pypto.loop(row_tiles, name="SE_H_ROWS", idx_name="r"):
+                start = r * rows
+                valid = (active - start).min(rows)
+                g = rows_times_tile(pypto, xq, start, rows, valid, w1t, i_tile, hidden)
+                u = rows_times_tile(pypto, xq, start, rows, valid, w3t, i_tile, hidden)
                 pypto.set_vec_tile_shapes(min(rows, 8), i_tile)
                 g32 = pypto.cast(pypto.cast(g, bf16), fp32)
                 u32 = pypto.cast(pypto.cast(u, bf16), fp32)
                 h = swiglu_tile(pypto, g32, u32, limit, clamp=clamp, silu_on_u=silu_on_u)
                 h32 = pypto.cast(pypto.cast(h, bf16), fp32)
-                parts.append((mx_linear.mx_activation_bf16(pypto, h32, rows, valid, i_tile,
-                                                           skip_quant=skip_h_quant), i_tile))
-            for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
-                yt = mx_linear.mx_linear_tile(pypto, parts, w2, w2_scale, nt * n_tile, n_tile,
-                                              rows, valid)
+                hq = mx_linear.mx_activation_bf16(pypto, h32, rows, valid, i_tile,
+                                                  skip_quant=skip_h_quant)
+                pypto.assemble(hq, [start, j * i_tile], h_mx)
+        for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
+            w2t = mx_linear.mx_weight_tile_bf16(pypto, w2, w2_scale, nt * n_tile, 0, n_tile,
+                                                inter)
+            for r in pypto.loop(row_tiles, name="SE_Y_ROWS", idx_name="r"):
+                start = r * rows
+                valid = (active - start).min(rows)
+                yt = rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile, inter)
                 pypto.set_vec_tile_shapes(min(rows, 8), n_tile)
                 yb = pypto.view(pypto.cast(yt, bf16), [rows, n_tile], [0, 0],
                                 valid_shape=[valid, n_tile])
