@@ -141,3 +141,36 @@ def mx_linear_rows(pypto, parts, w_codes, w_scales, out, start, rows, valid, n, 
         y = mx_linear_tile(pypto, parts, w_codes, w_scales, j * width, width, rows, valid,
                            scale_up=scale_up)
         pypto.assemble(y, [start, j * width], out)
+
+
+def k_chunk(k: int, most: int = 1024) -> int:
+    """The K columns one cube operand view takes: the largest multiple of 32 up to
+    ``most`` that divides ``k`` (a ``[32, 5120]`` BF16 view exceeds the 248 KB UB)."""
+    return max(c for c in range(32, min(k, most) + 1, 32) if k % c == 0)
+
+
+def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
+    """FP32 ``[rows, n]``: rows ``start .. start + valid`` of the BF16 DDR tensor ``a``
+    ``[*, k]`` times the BF16 tile ``w_tile [n, k]`` transposed, K split into
+    :func:`k_chunk` views (FP32 partial products added in K order)."""
+    kc = k_chunk(k)
+    acc = None
+    for q in range(k // kc):  # unrolled at trace time (FLASH: 5 for hidden, 3 for inter)
+        pypto.set_vec_tile_shapes(min(rows, 16), kc)
+        av = pypto.view(a, [rows, kc], [start, q * kc], valid_shape=[valid, kc])
+        wv = pypto.view(w_tile, [n, kc], [0, q * kc])
+        mm = pypto.matmul(av, wv, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(min(rows, 16), n)
+        acc = mm if acc is None else pypto.add(acc, mm)
+    return acc
+
+
+def assemble_rows(pypto, tile, out, start, col, rows, valid, width):
+    """``out[start : start + valid, col : col + width] = tile`` for a BF16 ``[rows, width]``
+    row tile, in :func:`k_chunk` column pieces (a whole ``[32, 5120]`` BF16 tile exceeds
+    the UB)."""
+    kc = k_chunk(width)
+    for q in range(width // kc):  # unrolled at trace time
+        pypto.set_vec_tile_shapes(min(rows, 8), kc)
+        pypto.assemble(pypto.view(tile, [rows, kc], [0, q * kc], valid_shape=[valid, kc]),
+                       [start, col + q * kc], out)

@@ -9,7 +9,11 @@ Per row tile of ``ROW_TILE`` tokens, for each of the rank's ``groups`` output gr
 * ``latent_g = [o_g @ wo_a_g^T]`` BF16 x BF16 cube matmul, FP32 accumulation, ONE BF16 cast;
 * ``partial = MX(latent) @ wo_b^T`` kept in FP32 (:mod:`v41.mx_linear`: activation MXFP8
   per group of 32, ``wo_b`` E4M3 codes x E8M0 32x32 block scales decoded in-kernel one
-  ``[N_TILE, K]`` tile at a time; the weight is decoded once per row tile).
+  ``[N_TILE, K]`` tile at a time).
+
+Schedule (weight-stationary): ``O_ROWS`` writes every row tile's ``MX(latent)`` to the
+scratch output ``lat_mx``; ``O_WO_B`` then decodes each ``wo_b`` tile ONCE per launch and
+applies it to every row tile, so the decode work does not grow with ``tokens``.
 
 The TP sum is not in the kernel: every rank's partial goes to the host transport, which
 sums them in rank order in FP32 with one BF16 cast (``harness.entries.o_proj``).
@@ -27,6 +31,7 @@ wo_a          (groups * o_lora_rank, o_group_in)  bfloat16  in
 wo_b          (hidden, K)                     uint8     in   (E4M3 codes)
 wo_b_scale    (hidden / 32, K / 32)           uint8     in   (E8M0 codes)
 partial       (tokens, hidden)                float32   out
+lat_mx        (tokens, K)                     bfloat16  out  (scratch: MX(latent))
 ============  ==============================  ========  =====
 
 ``tokens`` (>= 1) is a dynamic axis; ``tp`` from ``case["tp"]`` (default 1).
@@ -37,7 +42,7 @@ partial       (tokens, hidden)                float32   out
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 
-ROW_TILE = 64  # tokens per row tile (the weight is decoded once per row tile)
+ROW_TILE = 64  # tokens per row tile (the weight is decoded once per launch)
 N_TILE = 128  # wo_b output rows decoded per weight tile
 
 VARIANTS = {
@@ -56,6 +61,7 @@ ABI = (
     Arg("wo_b", ("hidden", "latent"), "uint8", "in"),
     Arg("wo_b_scale", ("hidden_blocks", "latent_blocks"), "uint8", "in"),
     Arg("partial", ("tokens", "hidden"), "float32", "out"),
+    Arg("lat_mx", ("tokens", "latent"), "bfloat16", "out"),
 )
 
 
@@ -81,7 +87,8 @@ def abi(config, case: dict):
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``o_proj(attn_out, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
-    partial)``: one rank's FP32 partial of the output projection."""
+    partial, lat_mx)``: one rank's FP32 partial of the output projection (``lat_mx`` is
+    scratch)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -108,17 +115,18 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         wo_b: pypto.Tensor([hidden, k], pypto.DT_UINT8),
         wo_b_scale: pypto.Tensor([hidden // 32, k // 32], pypto.DT_UINT8),
         partial: pypto.Tensor([tokens_dim, hidden], pypto.DT_FP32),
+        lat_mx: pypto.Tensor([tokens_dim, k], pypto.DT_BF16),
     ):
         tokens = attn_out.shape[0]
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
-        for i in pypto.loop((tokens + rows - 1) // rows, name="O_ROWS", idx_name="r"):
+        row_tiles = (tokens + rows - 1) // rows
+        for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
             pypto.set_vec_tile_shapes(min(rows, 8), half)
             cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
             sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
             factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
-            parts = []
             for g in range(groups):  # unrolled at trace time
                 pieces = []
                 for h in range(heads_per_group):
@@ -139,9 +147,16 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 lat32 = pypto.cast(pypto.cast(lat, pypto.DT_BF16), pypto.DT_FP32)
                 xq = mx_linear.mx_activation_bf16(pypto, lat32, rows, valid, lora,
                                                   skip_quant=skip_quant)
-                parts.append((xq, lora))
-            mx_linear.mx_linear_rows(pypto, parts, wo_b, wo_b_scale, partial, start, rows,
-                                     valid, hidden, N_TILE, name="O_WO_B",
-                                     scale_up=scale_up)
+                mx_linear.assemble_rows(pypto, xq, lat_mx, start, g * lora, rows, valid, lora)
+        for nt in pypto.loop(hidden // N_TILE, name="O_WO_B", idx_name="nt"):
+            wt = mx_linear.mx_weight_tile_bf16(pypto, wo_b, wo_b_scale, nt * N_TILE, 0, N_TILE,
+                                               k, scale_up=scale_up)
+            for i in pypto.loop(row_tiles, name="O_WO_B_ROWS", idx_name="r"):
+                start = i * rows
+                valid = (tokens - start).min(rows)
+                y = mx_linear.rows_times_tile(pypto, lat_mx, start, rows, valid, wt, N_TILE, k)
+                pypto.set_vec_tile_shapes(min(rows, 8), N_TILE)
+                pypto.assemble(pypto.view(y, [rows, N_TILE], [0, 0], valid_shape=[valid, N_TILE]),
+                               [start, nt * N_TILE], partial)
 
     return o_proj

@@ -1,13 +1,22 @@
 """Q / KV projection with RoPE, one TP rank's heads (golden: ``goldens.qkv.qkv_proj_rope``).
 
-Per row tile of ``ROW_TILE`` tokens (brackets mark a BF16 cast, as in the golden):
+Per token (brackets mark a BF16 cast, as in the golden):
 
 * ``x`` is quantized once to MXFP8 (activation rule, :mod:`v41.mx_linear`); the
   ``wq_a`` and ``wkv`` products share it (the golden quantizes the same ``x`` twice);
 * ``qr = [RMSNorm([MX(x) @ wq_a^T], q_norm)]`` ``[rows, q_lora_rank]``, written to ``qr``;
 * ``kv = [RoPE([RMSNorm([MX(x) @ wkv^T], kv_norm)])]`` ``[rows, head_dim]``;
-* ``q_h = [RoPE([MX(qr) @ wq_b_h^T])]`` for each of the rank's heads (a ``pypto.loop``),
-  ``wq_b_h`` the head's ``head_dim`` output rows.
+* ``q_h = [RoPE([MX(qr) @ wq_b_h^T])]`` for each of the rank's heads.
+
+Schedule (weight-stationary: every weight tile is decoded ONCE per launch and applied to
+every row tile, so the decode work and the traced bodies do not grow with ``tokens``):
+``QKV_XQ`` writes ``MX(x)`` to the scratch output ``xq``; ``QKV_WQA`` / ``QKV_WKV`` decode
+one ``N_TILE``-row weight tile per iteration and write the BF16-rounded products to the
+scratch outputs ``qa`` / ``kva``; ``QKV_NORM`` normalizes whole rows (the norms need
+them), writes ``qr`` and ``kv`` and ``MX(qr)`` to the scratch ``qrq``; ``QKV_HEADS``
+decodes each head's ``wq_b`` tiles once and writes ``q`` (RoPE on the head's last tile,
+which holds its whole rope tail).  The scratch tensors are outputs because an in-kernel
+``pypto.tensor`` written by one loop and read by a sibling loop crashes the simulator.
 
 MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
 decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
@@ -35,6 +44,10 @@ kv_norm       (head_dim,)                         float32   in
 q             (tokens, heads * head_dim)          bfloat16  out  ([T, heads, head_dim])
 kv            (tokens, head_dim)                  bfloat16  out
 qr            (tokens, q_lora_rank)               bfloat16  out
+xq            (tokens, hidden)                    bfloat16  out  (scratch: MX(x))
+qa            (tokens, q_lora_rank)               bfloat16  out  (scratch: [MX(x) @ wq_a^T])
+kva           (tokens, head_dim)                  bfloat16  out  (scratch: [MX(x) @ wkv^T])
+qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr))
 ============  ==================================  ========  =====
 
 ``tokens`` (>= 1) is a dynamic axis; ``tp`` from ``case["tp"]`` (default 1).
@@ -46,7 +59,7 @@ from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.rope_heads import store_rope_head
 
-ROW_TILE = 32  # tokens per row tile (the weights are decoded once per row tile)
+ROW_TILE = 32  # tokens per row tile (the weights are decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
 
 VARIANTS = {
@@ -72,6 +85,10 @@ ABI = (
     Arg("q", ("tokens", "q_width"), "bfloat16", "out"),
     Arg("kv", ("tokens", "head_dim"), "bfloat16", "out"),
     Arg("qr", ("tokens", "q_lora"), "bfloat16", "out"),
+    Arg("xq", ("tokens", "hidden"), "bfloat16", "out"),
+    Arg("qa", ("tokens", "q_lora"), "bfloat16", "out"),
+    Arg("kva", ("tokens", "head_dim"), "bfloat16", "out"),
+    Arg("qrq", ("tokens", "q_lora"), "bfloat16", "out"),
 )
 
 
@@ -101,10 +118,30 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
 
 
+def project_rows(pypto, xq, w, ws, out, tokens, n, k, name):
+    """``out[:tokens] = [xq @ W^T]`` (BF16) for MX activations ``xq [tokens, k]``: a
+    ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded once and applied to every
+    row tile."""
+    rows = ROW_TILE
+    row_tiles = (tokens + rows - 1) // rows
+    width = mx_linear.tile_width(n, N_TILE)
+    for nt in pypto.loop(n // width, name=name, idx_name="nt"):
+        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k)
+        for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            y = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, wt, width, k)
+            pypto.set_vec_tile_shapes(min(rows, 8), width)
+            yb = pypto.view(pypto.cast(y, pypto.DT_BF16), [rows, width], [0, 0],
+                            valid_shape=[valid, width])
+            pypto.assemble(yb, [start, nt * width], out)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``qkv_proj_rope(x, rope_cos, rope_sin, wq_a, wq_a_scale, q_norm, wq_b,
-    wq_b_scale, wkv, wkv_scale, kv_norm, q, kv, qr)`` for one rank's heads."""
+    wq_b_scale, wkv, wkv_scale, kv_norm, q, kv, qr, xq, qa, kva, qrq)`` for one rank's
+    heads (the last four are scratch)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -112,6 +149,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     d = dims(config, case or {"tokens": 1})
     hidden, half, ql, qw, hd = d["hidden"], d["half"], d["q_lora"], d["q_width"], d["head_dim"]
     rd = config.rope_dim
+    if rd > mx_linear.tile_width(hd, N_TILE):
+        raise ValueError(f"config.rope_dim: {rd} exceeds the wq_b tile "
+                         f"{mx_linear.tile_width(hd, N_TILE)} (the rope tail must lie in a "
+                         f"head's last tile)")
     heads = qw // hd
     eps = float(config.rms_norm_eps)
     rows = ROW_TILE
@@ -138,50 +179,76 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
         kv: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
         qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
+        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        qa: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
+        kva: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
+        qrq: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
     ):
         tokens = x.shape[0]
+        row_tiles = (tokens + rows - 1) // rows
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
-        for i in pypto.loop((tokens + rows - 1) // rows, name="QKV_ROWS", idx_name="r"):
+        for i in pypto.loop(row_tiles, name="QKV_XQ", idx_name="r"):
+            start = i * rows
+            valid = (tokens - start).min(rows)
+            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
+            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
+                                        valid_shape=[valid, hidden]), fp32)
+            xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
+            mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
+        project_rows(pypto, xq, wq_a, wq_a_scale, qa, tokens, ql, hidden, "QKV_WQA")
+        project_rows(pypto, xq, wkv, wkv_scale, kva, tokens, hd, hidden, "QKV_WKV")
+        factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+        pypto.set_vec_tile_shapes(1, ql)
+        qn = pypto.reshape(q_norm, [1, ql])
+        pypto.set_vec_tile_shapes(1, hd)
+        kn = pypto.reshape(kv_norm, [1, hd])
+        for i in pypto.loop(row_tiles, name="QKV_NORM", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
             pypto.set_vec_tile_shapes(min(rows, 8), half)
             cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
             sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
-            factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
-            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
-            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
-                                        valid_shape=[valid, hidden]), fp32)
-            xq = [(mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden), hidden)]
-            # qr = [RMSNorm([MX(x) @ wq_a^T])]
-            qa = mx_linear.mx_linear_cols(pypto, xq, wq_a, wq_a_scale, 0, ql, N_TILE, rows,
-                                          valid)
-            pypto.set_vec_tile_shapes(1, ql)
-            qn = pypto.reshape(q_norm, [1, ql])
+            # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
             pypto.set_vec_tile_shapes(min(rows, 8), ql)
-            qa32 = pypto.cast(pypto.cast(qa, bf16), fp32)
+            qa32 = pypto.cast(pypto.view(qa, [rows, ql], [start, 0], valid_shape=[valid, ql]),
+                              fp32)
             qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, rows, ql, eps, apply=q_norm_on),
                               bf16)
             pypto.assemble(pypto.view(qr_t, [rows, ql], [0, 0], valid_shape=[valid, ql]),
                            [start, 0], qr)
-            # kv = [RoPE([RMSNorm([MX(x) @ wkv^T])])]
-            kva = mx_linear.mx_linear_cols(pypto, xq, wkv, wkv_scale, 0, hd, N_TILE, rows,
-                                           valid)
-            pypto.set_vec_tile_shapes(1, hd)
-            kn = pypto.reshape(kv_norm, [1, hd])
+            pypto.set_vec_tile_shapes(min(rows, 8), ql)
+            qrm = mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid, ql)
+            mx_linear.assemble_rows(pypto, qrm, qrq, start, 0, rows, valid, ql)
+            # kv = [RoPE([RMSNorm(kva)])]
             pypto.set_vec_tile_shapes(min(rows, 8), hd)
-            kv32 = pypto.cast(pypto.cast(kva, bf16), fp32)
+            kv32 = pypto.cast(pypto.view(kva, [rows, hd], [start, 0], valid_shape=[valid, hd]),
+                              fp32)
             kv_t = pypto.cast(rms_norm_rows(pypto, kv32, kn, rows, hd, eps), bf16)
             store_rope_head(pypto, kv_t, kv, start, 0, rows, valid, cos_t, sin_t, factors,
                             hd, rd)
-            # q_h = [RoPE([MX(qr) @ wq_b_h^T])], one head per iteration
-            pypto.set_vec_tile_shapes(min(rows, 8), ql)
-            qrq = [(mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid,
-                                                 ql), ql)]
-            for h in pypto.loop(heads, name="QKV_HEADS", idx_name="h"):
-                yh = mx_linear.mx_linear_cols(pypto, qrq, wq_b, wq_b_scale, h * hd, hd,
-                                              N_TILE, rows, valid, scale_up=scale_up)
-                pypto.set_vec_tile_shapes(min(rows, 8), hd)
-                store_rope_head(pypto, pypto.cast(yh, bf16), q, start, h * hd, rows, valid,
-                                cos_t, sin_t, factors, hd, rd)
+        # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded once
+        width = mx_linear.tile_width(hd, N_TILE)
+        for h in pypto.loop(heads, name="QKV_HEADS", idx_name="h"):
+            for c in range(hd // width):  # unrolled at trace time; the last holds the rope tail
+                wt = mx_linear.mx_weight_tile_bf16(pypto, wq_b, wq_b_scale, h * hd + c * width,
+                                                   0, width, ql, scale_up=scale_up)
+                for i in pypto.loop(row_tiles, name="QKV_HEAD_ROWS", idx_name="r"):
+                    start = i * rows
+                    valid = (tokens - start).min(rows)
+                    y = mx_linear.rows_times_tile(pypto, qrq, start, rows, valid, wt, width, ql)
+                    pypto.set_vec_tile_shapes(min(rows, 8), width)
+                    yb = pypto.cast(y, bf16)
+                    col = h * hd + c * width
+                    if c == hd // width - 1:
+                        pypto.set_vec_tile_shapes(min(rows, 8), half)
+                        cos_t = pypto.view(rope_cos, [rows, half], [start, 0],
+                                           valid_shape=[valid, half])
+                        sin_t = pypto.view(rope_sin, [rows, half], [start, 0],
+                                           valid_shape=[valid, half])
+                        store_rope_head(pypto, yb, q, start, col, rows, valid, cos_t, sin_t,
+                                        factors, width, rd)
+                    else:
+                        pypto.assemble(pypto.view(yb, [rows, width], [0, 0],
+                                                  valid_shape=[valid, width]), [start, col], q)
 
     return qkv_proj_rope

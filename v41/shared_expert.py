@@ -119,28 +119,6 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
     return pypto.mul(silu, u)
 
 
-def k_chunk(k: int, most: int = 1024) -> int:
-    """The K columns one cube operand view takes: the largest multiple of 32 up to
-    ``most`` that divides ``k`` (a ``[32, 5120]`` BF16 view exceeds the 248 KB UB)."""
-    return max(c for c in range(32, min(k, most) + 1, 32) if k % c == 0)
-
-
-def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
-    """FP32 ``[rows, n]``: rows ``start .. start + valid`` of the BF16 DDR tensor ``a``
-    ``[*, k]`` times the BF16 tile ``w_tile [n, k]`` transposed, K split into
-    :func:`k_chunk` views (FP32 partial products added in K order)."""
-    kc = k_chunk(k)
-    acc = None
-    for q in range(k // kc):  # unrolled at trace time (FLASH: 5 for hidden, 3 for inter)
-        pypto.set_vec_tile_shapes(min(rows, 16), kc)
-        av = pypto.view(a, [rows, kc], [start, q * kc], valid_shape=[valid, kc])
-        wv = pypto.view(w_tile, [n, kc], [0, q * kc])
-        mm = pypto.matmul(av, wv, pypto.DT_FP32, b_trans=True)
-        pypto.set_vec_tile_shapes(min(rows, 16), n)
-        acc = mm if acc is None else pypto.add(acc, mm)
-    return acc
-
-
 def build(config, case: dict | None = None, *, variant: str = "reference",
           i_tile: int = I_TILE, runtime_options: dict | None = None):
     """The jit kernel ``shared_expert(x, num_tokens, w1, w1_scale, w3, w3_scale, w2,
@@ -196,11 +174,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), fp32)
             xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
-            kc = k_chunk(hidden)
-            for q in range(hidden // kc):  # a whole [32, 5120] BF16 row tile exceeds the UB
-                pypto.set_vec_tile_shapes(min(rows, 8), kc)
-                pypto.assemble(pypto.view(xr, [rows, kc], [0, q * kc], valid_shape=[valid, kc]),
-                               [start, q * kc], xq)
+            mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
         for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
             w1t = mx_linear.mx_weight_tile_bf16(pypto, w1, w1_scale, j * i_tile, 0, i_tile,
                                                 hidden)
@@ -209,8 +183,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for r in pypto.loop(row_tiles, name="SE_H_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
-                g = rows_times_tile(pypto, xq, start, rows, valid, w1t, i_tile, hidden)
-                u = rows_times_tile(pypto, xq, start, rows, valid, w3t, i_tile, hidden)
+                g = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w1t, i_tile, hidden)
+                u = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w3t, i_tile, hidden)
                 pypto.set_vec_tile_shapes(min(rows, 8), i_tile)
                 g32 = pypto.cast(pypto.cast(g, bf16), fp32)
                 u32 = pypto.cast(pypto.cast(u, bf16), fp32)
@@ -225,7 +199,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for r in pypto.loop(row_tiles, name="SE_Y_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
-                yt = rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile, inter)
+                yt = mx_linear.rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile, inter)
                 pypto.set_vec_tile_shapes(min(rows, 8), n_tile)
                 yb = pypto.view(pypto.cast(yt, bf16), [rows, n_tile], [0, 0],
                                 valid_shape=[valid, n_tile])

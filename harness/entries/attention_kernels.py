@@ -123,10 +123,13 @@ class RankLauncher:
     def rows(self, module: str, axes: dict, n: int, chunk: int, row_args: dict, args: dict, *,
              num_tokens: bool = False) -> dict:
         """``module`` over ``n`` row-independent tokens in launches of at most ``chunk``
-        rows on a5sim (interpreter memory; one launch elsewhere): ``row_args`` are sliced
-        per launch, ``args`` shared, ``num_tokens`` (if the ABI has it) the launch's rows.
+        rows on a5sim's interpreter (its memory; one launch elsewhere, and on an
+        estimate-only platform, which interprets nothing): ``row_args`` are sliced per
+        launch, ``args`` shared, ``num_tokens`` (if the ABI has it) the launch's rows.
         Returns every output concatenated over the rows."""
-        step = n if getattr(self.platform, "name", "a5sim") != "a5sim" else chunk
+        one = (getattr(self.platform, "name", "a5sim") != "a5sim"
+               or getattr(self.platform, "estimate_only", False))
+        step = n if one else chunk
         parts = []
         for t0 in range(0, n, step):
             m = min(step, n - t0)
