@@ -1,14 +1,15 @@
 """Index query and head weights of the lightning indexer (golden:
 ``goldens.indexer.index_query``).
 
-Per row tile of ``ROW_TILE`` active tokens (brackets mark a BF16 cast, as in the golden):
+Per active token (brackets mark a BF16 cast, as in the golden):
 
-* ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads
-  (a ``pypto.loop``), ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is
-  quantized once per tile to MXFP8 (activation rule) and every head's FP8 weight rows are
-  decoded in-kernel (:mod:`v41.mx_linear`, the same path as ``v41.qkv_proj_rope``'s q
+* ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads,
+  ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
+  MXFP8 (activation rule) into the scratch output ``qrq``, then every head's FP8 weight
+  tiles are decoded in-kernel ONCE per launch and applied to every row tile of ``ROW_TILE``
+  tokens (:func:`v41.rope_heads.project_heads`, the same path as ``v41.qkv_proj_rope``'s q
   heads); the last ``rope_dim`` channels of each head are rotated with the token's prepared
-  rope row (:func:`v41.rope_heads.store_rope_head`);
+  rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
   accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
   and rounds to FP32 first: the two differ by FP32 reassociation before the BF16 cast.)
@@ -25,9 +26,9 @@ COMPRESSED profile's tables (``goldens.rope.materialize_rope_rows``): a negative
 arrives as cos 1 / sin 0 (identity), and rows at or past ``num_tokens`` hold whatever the
 caller left there (never read here).
 
-Cost model (A5, harness entry on a5sim in 64-token launches): FLASH T=192 ~3.36 ms, T=512
-~9.0 ms, about 51x the vector roofline: the per-row-tile decode of the FP8 ``wq_b``
-(``H * Dh x q_lora`` elements) dominates, hence ``ROW_TILE = 64`` (32 cost 1.7x).
+Cost model (A5): FLASH T=192 ~3.36 ms and T=512 ~9.0 ms (51x the vector roofline) when
+``wq_b`` (``H * Dh x q_lora`` elements) was decoded once per 64-row tile; it is now
+decoded once per launch.
 
 ABI
 ---
@@ -44,6 +45,7 @@ weights_proj    (hidden, H)                         bfloat16  in
 num_tokens      (1,)                                int32     in   (active rows)
 q               (tokens, H * Dh)                    bfloat16  out  ([T, H, Dh])
 weights         (tokens, H)                         bfloat16  out
+qrq             (tokens, q_lora)                    bfloat16  out  (scratch: MX(qr))
 ==============  ==================================  ========  =====
 
 ``tokens`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``num_tokens`` is a runtime
@@ -57,9 +59,9 @@ import struct
 
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.rope_heads import store_rope_head
+from v41.rope_heads import project_heads
 
-ROW_TILE = 64  # tokens per row tile (wq_b is decoded once per row tile; 32 cost 1.7x on FLASH)
+ROW_TILE = 64  # tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
 
 VARIANTS = {
@@ -83,6 +85,7 @@ ABI = (
     Arg("num_tokens", (1,), "int32", "in"),
     Arg("q", ("tokens", "q_width"), "bfloat16", "out"),
     Arg("weights", ("tokens", "heads"), "bfloat16", "out"),
+    Arg("qrq", ("tokens", "q_lora"), "bfloat16", "out"),
 )
 
 
@@ -111,8 +114,8 @@ def abi(config, case: dict):
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``index_query(qr, rope_cos, rope_sin, wq_b, wq_b_scale, x,
-    weights_proj, num_tokens, q, weights)``: rows below ``num_tokens`` projected, the rest
-    zero."""
+    weights_proj, num_tokens, q, weights, qrq)``: rows below ``num_tokens`` projected, the
+    rest zero (``qrq`` is scratch)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -142,6 +145,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         num_tokens: pypto.Tensor([1], pypto.DT_INT32),
         q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
         weights: pypto.Tensor([tokens_dim, heads], pypto.DT_BF16),
+        qrq: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
     ):
         tokens = qr.shape[0]
         if compute_padding:
@@ -149,13 +153,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         else:
             active = num_tokens[0]
         pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
         for i in pypto.loop((active + rows - 1) // rows, name="IQ_ROWS", idx_name="r"):
             start = i * rows
             valid = (active - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), half)
-            cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
-            sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
-            factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
             # weights = [[x @ weights_proj] * scale]
             pypto.set_vec_tile_shapes(min(rows, 8), min(hidden, 1024))
             xv = pypto.view(x, [rows, hidden], [start, 0], valid_shape=[valid, hidden])
@@ -164,17 +165,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             w_t = pypto.cast(pypto.mul(pypto.cast(pypto.cast(w32, bf16), fp32), scale), bf16)
             pypto.assemble(pypto.view(w_t, [rows, heads], [0, 0], valid_shape=[valid, heads]),
                            [start, 0], weights)
-            # q_h = [RoPE([MX(qr) @ wq_b_h^T])], one head per iteration
+            # MX(qr), to the scratch qrq for the head loop
             pypto.set_vec_tile_shapes(min(rows, 8), ql)
             qr32 = pypto.cast(pypto.view(qr, [rows, ql], [start, 0], valid_shape=[valid, ql]),
                               fp32)
-            qrq = [(mx_linear.mx_activation_bf16(pypto, qr32, rows, valid, ql), ql)]
-            for h in pypto.loop(heads, name="IQ_HEADS", idx_name="h"):
-                yh = mx_linear.mx_linear_cols(pypto, qrq, wq_b, wq_b_scale, h * hd, hd,
-                                              N_TILE, rows, valid)
-                pypto.set_vec_tile_shapes(min(rows, 8), hd)
-                store_rope_head(pypto, pypto.cast(yh, bf16), q, start, h * hd, rows, valid,
-                                cos_t, sin_t, factors, hd, rd)
+            qrm = mx_linear.mx_activation_bf16(pypto, qr32, rows, valid, ql)
+            mx_linear.assemble_rows(pypto, qrm, qrq, start, 0, rows, valid, ql)
+        # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's wq_b tiles decoded once per launch
+        project_heads(pypto, qrq, wq_b, wq_b_scale, q, active, heads, hd, ql, rope_cos,
+                      rope_sin, factors, rd, rows, N_TILE, "IQ_HEADS")
         if zero_padding:  # rows active .. tokens - 1: zeros
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
                                 idx_name="p"):

@@ -57,7 +57,7 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 # parameter annotations as objects.
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.rope_heads import store_rope_head
+from v41.rope_heads import project_heads, store_rope_head
 
 ROW_TILE = 32  # tokens per row tile (the weights are decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
@@ -149,10 +149,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     d = dims(config, case or {"tokens": 1})
     hidden, half, ql, qw, hd = d["hidden"], d["half"], d["q_lora"], d["q_width"], d["head_dim"]
     rd = config.rope_dim
-    if rd > mx_linear.tile_width(hd, N_TILE):
-        raise ValueError(f"config.rope_dim: {rd} exceeds the wq_b tile "
-                         f"{mx_linear.tile_width(hd, N_TILE)} (the rope tail must lie in a "
-                         f"head's last tile)")
     heads = qw // hd
     eps = float(config.rms_norm_eps)
     rows = ROW_TILE
@@ -227,28 +223,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             store_rope_head(pypto, kv_t, kv, start, 0, rows, valid, cos_t, sin_t, factors,
                             hd, rd)
         # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded once
-        width = mx_linear.tile_width(hd, N_TILE)
-        for h in pypto.loop(heads, name="QKV_HEADS", idx_name="h"):
-            for c in range(hd // width):  # unrolled at trace time; the last holds the rope tail
-                wt = mx_linear.mx_weight_tile_bf16(pypto, wq_b, wq_b_scale, h * hd + c * width,
-                                                   0, width, ql, scale_up=scale_up)
-                for i in pypto.loop(row_tiles, name="QKV_HEAD_ROWS", idx_name="r"):
-                    start = i * rows
-                    valid = (tokens - start).min(rows)
-                    y = mx_linear.rows_times_tile(pypto, qrq, start, rows, valid, wt, width, ql)
-                    pypto.set_vec_tile_shapes(min(rows, 8), width)
-                    yb = pypto.cast(y, bf16)
-                    col = h * hd + c * width
-                    if c == hd // width - 1:
-                        pypto.set_vec_tile_shapes(min(rows, 8), half)
-                        cos_t = pypto.view(rope_cos, [rows, half], [start, 0],
-                                           valid_shape=[valid, half])
-                        sin_t = pypto.view(rope_sin, [rows, half], [start, 0],
-                                           valid_shape=[valid, half])
-                        store_rope_head(pypto, yb, q, start, col, rows, valid, cos_t, sin_t,
-                                        factors, width, rd)
-                    else:
-                        pypto.assemble(pypto.view(yb, [rows, width], [0, 0],
-                                                  valid_shape=[valid, width]), [start, col], q)
+        project_heads(pypto, qrq, wq_b, wq_b_scale, q, tokens, heads, hd, ql, rope_cos,
+                      rope_sin, factors, rd, rows, N_TILE, "QKV_HEADS", scale_up=scale_up)
 
     return qkv_proj_rope

@@ -330,7 +330,7 @@ def _attend(launch: RankLauncher, config, tp, q, window, md, compressed, topk, s
     args = {"q": q, "window_kv": _u8(window.payload), "window_kv_scale": _u8(window.scales),
             "indices": _pad_cols(md.window_indices[:n], wk), "compressed_kv": ccache,
             "compressed_kv_scale": cscale, "compressed_indices": cids, "attn_sink": sink}
-    step = sparse.chunk_tokens(args)
+    step = sparse.chunk_tokens(args, launch.platform)
     out = torch.empty(n, local_heads(config, tp), d, dtype=torch.bfloat16)
     axes = {"tp": tp, "keys": wk, "ckeys": ck, "blocks": window.payload.shape[0],
             "cblocks": ccache.shape[0]}

@@ -26,7 +26,8 @@ Sinks are mixed in sign and size with one large sink (kind ``sink``: every sink 
 Launches: tokens are split on the host into chunks of :func:`chunk_tokens` (the interpreter
 needs ~85 MB per token at one FLASH TP4 rank with 640 keys), each chunk one launch of the
 same kernel on the same caches; per token the arithmetic is unchanged.  An estimate-only
-platform (no interpreter) gets one launch of every token, as a card would run it.
+platform (no interpreter) gets 6x larger chunks (the cost model's own memory: one 192-token
+FLASH launch peaked at 19.7 GB).
 
 Comparison: the contract per-row bound on every (token, head) row of ``out``, the sentinel
 check (every row written) and exact zeros for tokens without a key.  The golden keeps
@@ -54,6 +55,9 @@ LARGE_SINK = 12.0
 # token x key-element budget of one launch (16 tokens x 640 keys x 512 channels: ~3.5 GB of
 # interpreter memory at one FLASH TP4 rank; 48 tokens took 15 GB)
 LAUNCH_KEY_ELEMENTS = 16 * 640 * 512
+# the same budget for the cost model alone (no interpreter): 96 tokens x 640 keys x 512
+# channels (one 192-token FLASH TP4 launch peaked at 19.7 GB; 96 stays near 10 GB)
+ESTIMATE_KEY_ELEMENTS = 96 * 640 * 512
 ROW_INPUTS = (("indices", "window_kv"), ("compressed_indices", "compressed_kv"))  # ids, cache
 
 
@@ -133,10 +137,13 @@ def validate_launch(inputs) -> None:
                          f"finite sink)")
 
 
-def chunk_tokens(inputs) -> int:
-    """Tokens per launch: as many as fit :data:`LAUNCH_KEY_ELEMENTS` token x key elements."""
+def chunk_tokens(inputs, platform=None) -> int:
+    """Tokens per launch: as many as fit :data:`LAUNCH_KEY_ELEMENTS` token x key elements
+    (:data:`ESTIMATE_KEY_ELEMENTS` on an estimate-only ``platform``)."""
     keys = inputs["indices"].shape[1] + inputs["compressed_indices"].shape[1]
-    return max(1, LAUNCH_KEY_ELEMENTS // (keys * inputs["q"].shape[-1]))
+    budget = (ESTIMATE_KEY_ELEMENTS if getattr(platform, "estimate_only", False)
+              else LAUNCH_KEY_ELEMENTS)
+    return max(1, budget // (keys * inputs["q"].shape[-1]))
 
 
 def chunked_launch(variant: str = "reference"):
@@ -146,8 +153,7 @@ def chunked_launch(variant: str = "reference"):
         from harness.platforms import KernelSpec
         validate_launch(inputs)
         t = inputs["q"].shape[0]
-        # the cost model alone needs no interpreter memory: one launch, as on a card
-        step = t if getattr(platform, "estimate_only", False) else chunk_tokens(inputs)
+        step = chunk_tokens(inputs, platform)
         axes = {"tokens": step, "tp": case.tp, "preset": case.preset,
                 "keys": inputs["indices"].shape[1],
                 "ckeys": inputs["compressed_indices"].shape[1],
