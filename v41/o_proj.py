@@ -123,9 +123,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), half)
-            cos_t = pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half])
-            sin_t = pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half])
+            cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
             factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
             for g in range(groups):  # unrolled at trace time
                 pieces = []

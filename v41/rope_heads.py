@@ -37,7 +37,6 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
-    half = rope_dim // 2
     row_tiles = (active + rows - 1) // rows
     for h in pypto.loop(heads, name=name, idx_name="h"):
         for c in range(head_dim // width):  # unrolled at trace time; the last holds the tail
@@ -51,11 +50,8 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
                 yb = pypto.cast(y, pypto.DT_BF16)
                 col = h * head_dim + c * width
                 if c == head_dim // width - 1:
-                    pypto.set_vec_tile_shapes(min(rows, 8), half)
-                    cos_t = pypto.view(rope_cos, [rows, half], [start, 0],
-                                       valid_shape=[valid, half])
-                    sin_t = pypto.view(rope_sin, [rows, half], [start, 0],
-                                       valid_shape=[valid, half])
+                    cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows,
+                                                       valid)
                     store_rope_head(pypto, yb, out, start, col, rows, valid, cos_t, sin_t,
                                     factors, width, rope_dim)
                 else:

@@ -11,6 +11,15 @@ the signed sin -- the same two products and one add per channel as the golden, a
 """
 
 
+def row_views(pypto, rope_cos, rope_sin, start, rows, valid):
+    """``(cos_t, sin_t)``: the FP32 ``[rows, rope_dim / 2]`` prepared rope rows of the row
+    tile at ``start`` (first ``valid`` rows real)."""
+    half = rope_cos.shape[1]
+    pypto.set_vec_tile_shapes(min(rows, 8), half)
+    return (pypto.view(rope_cos, [rows, half], [start, 0], valid_shape=[valid, half]),
+            pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half]))
+
+
 def rope_factors(pypto, rope_dim, *, inverse=True):
     """Constants of the adjacent-pair rotation of one head's rope tail (``rope_dim``
     channels, ``half`` pairs): ``(expand FP32 [half, rope_dim], swap BF16 [rope_dim,
