@@ -25,6 +25,10 @@ afford still get a figure.  Its rows say ``status: estimate`` and ``verify_level
 nothing was computed or compared in that run.
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
 (:mod:`harness.plots.roofline`).
+
+Each row also carries the slowest rank's ``compile_s`` (pypto's compile, timed in the
+worker, summed over the rank's launches) and ``tasks`` (the cost model's task count):
+``--tokens 4 --tokens 48 --tokens 192`` shows how both grow with the token count.
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo:
     roof = roofline(work, plat)
     est = result.estimated_a5_us()
     cycles = max((c.get("total_cycles") or 0 for c in result.costs), default=None)
+    compile_s = [c["compile_s"] for c in result.costs if c.get("compile_s") is not None]
+    tasks = [c["tasks"] for c in result.costs if c.get("tasks") is not None]
     return {"entry": case.entry, "case": case.case_id, "preset": case.preset,
             "tokens": case.tokens, "tp": case.tp, "status": result.status,
             "estimated_us": est, "total_cycles": cycles or None,
@@ -132,6 +138,9 @@ def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo:
             "bytes": work.bytes, "flops": dict(work.flops), "bound": roof.bound,
             "verify_level": getattr(result, "verify_level", None),
             "wall_s": round(result.seconds, 2), "topology": topo,
+            # the slowest rank's: pypto compile seconds and cost-model tasks
+            "compile_s": round(max(compile_s), 2) if compile_s else None,
+            "tasks": max(tasks) if tasks else None,
             "reason": short_reason(result.reason)}
 
 
@@ -161,8 +170,8 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
 
     table = Table(title="Estimated A5 time (cost model) vs roofline", caption=topo_line)
     for col in ("entry", "preset", "tokens", "tp", "est. A5 us", "total cycles", "roofline us",
-                "est/roofline", "bound", "MB moved", "GFLOP (dtype)", "verify", "wall s",
-                "verdict"):
+                "est/roofline", "bound", "MB moved", "GFLOP (dtype)", "verify", "compile s",
+                "tasks", "wall s", "verdict"):
         table.add_column(col)
     for r in rows:
         flops = ", ".join(f"{n / 1e9:.3g} {d}" for d, n in r["flops"].items() if n) or "0"
@@ -171,7 +180,8 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
                       str(r["total_cycles"] or "-"), f"{r['roofline_us']:.3f}",
                       f"{r['ratio']:.1f}x" if r["ratio"] is not None else "-", r["bound"],
                       f"{r['bytes'] / 1e6:.3f}", flops, str(r["verify_level"] or "-"),
-                      f"{r['wall_s']:.1f}", r["status"])
+                      f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-",
+                      str(r.get("tasks") or "-"), f"{r['wall_s']:.1f}", r["status"])
     con = Console()
     con = con if con.is_terminal else Console(width=220)
     con.print(table)

@@ -22,7 +22,8 @@ def active_count(num_tokens: torch.Tensor, tokens: int, name: str = "num_tokens"
 
 def sequential_cost(records: list[dict]) -> dict:
     """One rank's cost record for launches run one after another (host-chunked work):
-    estimated times and cycles add, ``launches`` counts them; None if any launch lacks one.
+    estimated times, cycles, tasks and compile seconds add, ``launches`` counts them; None
+    if any launch lacks one.
     Records that name their ``module`` also give ``by_module``: the estimated time per
     module, summed, in order of first launch."""
     total = dict(records[0], launches=len(records))
@@ -30,6 +31,11 @@ def sequential_cost(records: list[dict]) -> dict:
     for key in ("aicore_e2e_us", "total_cycles"):
         values = [r.get(key) for r in records]
         total[key] = None if None in values else sum(values)
+    for key in ("tasks", "compile_s"):  # measured ones only: absent unless every launch has it
+        values = [r.get(key) for r in records]
+        total.pop(key, None)
+        if None not in values:
+            total[key] = sum(values)
     if total["aicore_e2e_us"] is not None and any("module" in r for r in records):
         parts: dict = {}
         for r in records:

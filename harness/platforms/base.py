@@ -125,11 +125,17 @@ class LaunchResult:
     details: dict = field(default_factory=dict)  # e.g. verify summary, worker reuse
 
     def cost_record(self) -> dict:
-        """``{"rank", "aicore_e2e_us", "total_cycles"}`` (the registry's cost record), or {}."""
+        """``{"rank", "aicore_e2e_us", "total_cycles"}`` (the registry's cost record) plus
+        ``tasks`` (the cost model's) and ``compile_s`` (the worker's) where measured, or {}."""
         if self.cost is None:
             return {}
-        return {"rank": self.rank, "aicore_e2e_us": self.cost.aicore_e2e_us,
-                "total_cycles": self.cost.total_cycles}
+        record = {"rank": self.rank, "aicore_e2e_us": self.cost.aicore_e2e_us,
+                  "total_cycles": self.cost.total_cycles}
+        measured = (("tasks", self.cost.tasks), ("compile_s", self.timings.get("compile_s")))
+        for key, value in measured:
+            if value is not None:
+                record[key] = value
+        return record
 
     def raise_for_error(self) -> "LaunchResult":
         if not self.ok:

@@ -268,3 +268,32 @@ def test_an_error_row_says_why_in_json_and_under_the_table(monkeypatch, capsys):
     assert bench.main(["rmsnorm", "--preset", "tiny"]) == 1
     out = capsys.readouterr().out
     assert f"{rows[0]['case']}: error: RuntimeError: Errcode: FFFFFF! Run pass failed." in out
+
+
+def test_rows_carry_the_slowest_ranks_compile_seconds_and_tasks(monkeypatch, capsys):
+    def fake_run(case, *a, **k):
+        r = CaseResult(case=case, sut="kernel:x", status="pass", costs=[
+            {"rank": 0, "aicore_e2e_us": 5.0, "total_cycles": 9, "tasks": 120, "compile_s": 1.5},
+            {"rank": 1, "aicore_e2e_us": 6.0, "total_cycles": 9, "tasks": 80, "compile_s": 2.25}])
+        r.verify_level = "tensor"
+        return r
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    assert bench.main(["--json", "rmsnorm", "--preset", "tiny", "--tokens", "4"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (row["compile_s"], row["tasks"]) == (2.25, 120)
+
+
+def test_a_launch_record_carries_tasks_and_compile_seconds():
+    from harness.entries._kernel import sequential_cost
+    from harness.platforms.base import CostReport, LaunchResult
+
+    res = LaunchResult(ok=True, rank=2, cost=CostReport(12.5, 900, "a5", 84, 37),
+                       timings={"compile_s": 0.75})
+    rec = res.cost_record()
+    assert (rec["rank"], rec["tasks"], rec["compile_s"]) == (2, 37, 0.75)
+    both = sequential_cost([rec, dict(rec, tasks=3, compile_s=0.25)])
+    assert (both["tasks"], both["compile_s"], both["launches"]) == (40, 1.0, 2)
+    untimed = {k: v for k, v in rec.items() if k != "compile_s"}
+    assert "compile_s" not in sequential_cost([rec, untimed])
