@@ -297,3 +297,24 @@ def test_a_launch_record_carries_tasks_and_compile_seconds():
     assert (both["tasks"], both["compile_s"], both["launches"]) == (40, 1.0, 2)
     untimed = {k: v for k, v in rec.items() if k != "compile_s"}
     assert "compile_s" not in sequential_cost([rec, untimed])
+
+
+def test_a_case_its_fixture_cannot_build_is_reported_and_the_rest_run(monkeypatch, capsys):
+    def fake_run(case, *a, **k):
+        return CaseResult(case=case, sut="kernel:x", status="pass",
+                          costs=[{"rank": 0, "aicore_e2e_us": 1.0, "total_cycles": 1}])
+
+    def broken_work(entry, case):
+        if case.entry == "gate":
+            raise RuntimeError("random_ expects 'from' to be less than 'to'")
+        return bench_case_work(entry, case)
+
+    import harness.runner
+    bench_case_work = bench.case_work
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    monkeypatch.setattr(bench, "case_work", broken_work)
+    assert bench.main(["--json", "gate", "rmsnorm", "--preset", "tiny"]) == 1
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert rows and {r["entry"] for r in rows} == {"rmsnorm"}
+    assert "gate-" in captured.err and "not run: RuntimeError: random_ expects" in captured.err
