@@ -38,7 +38,7 @@ def _run(a5sim, monkeypatch, chunk):
         for mod in (qkv_proj_rope, o_proj, index_query):
             m.setattr(mod, "A5SIM_CHUNK", chunk)
         m.setattr(paged_indexer, "LAUNCH_ROWS", chunk)
-        m.setattr(sparse, "chunk_tokens", lambda inputs: chunk)
+        m.setattr(sparse, "chunk_tokens", lambda inputs, platform=None: chunk)
         verdicts, out, _ = run_with(a5sim, CASE, registry.get(CASE.entry).kernels["a5sim"])
     return verdicts, out, rows
 
