@@ -20,6 +20,15 @@ def active_count(num_tokens: torch.Tensor, tokens: int, name: str = "num_tokens"
     return n
 
 
+def launch_step(platform, tokens: int, chunk: int) -> int:
+    """Tokens per launch of a row-independent kernel: ``chunk`` on a5sim's interpreter (its
+    memory), all ``tokens`` on an estimate-only platform (it interprets nothing: one
+    launch, as a card runs it) and on any other platform."""
+    interpreted = (getattr(platform, "name", "a5sim") == "a5sim"
+                   and not getattr(platform, "estimate_only", False))
+    return chunk if interpreted else max(tokens, 1)
+
+
 def sequential_cost(records: list[dict]) -> dict:
     """One rank's cost record for launches run one after another (host-chunked work):
     estimated times, cycles, tasks and compile seconds add, ``launches`` counts them; None

@@ -41,7 +41,7 @@ from harness.entries import (compressor_ratio1, compressor_ratio2, index_query, 
 from harness.entries import hierarchical_sparse_indexer as hierarchical
 from harness.entries import sparse_attention as sparse
 from harness.entries import window_publish
-from harness.entries._kernel import sequential_cost
+from harness.entries._kernel import launch_step, sequential_cost
 from harness.fixtures import SENTINEL
 from harness.registry import Work
 
@@ -127,9 +127,7 @@ class RankLauncher:
         estimate-only platform, which interprets nothing): ``row_args`` are sliced per
         launch, ``args`` shared, ``num_tokens`` (if the ABI has it) the launch's rows.
         Returns every output concatenated over the rows."""
-        one = (getattr(self.platform, "name", "a5sim") != "a5sim"
-               or getattr(self.platform, "estimate_only", False))
-        step = n if one else chunk
+        step = launch_step(self.platform, n, chunk)
         parts = []
         for t0 in range(0, n, step):
             m = min(step, n - t0)

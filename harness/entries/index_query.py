@@ -38,7 +38,7 @@ from goldens.quant import quantize_fp8_weight
 from goldens.rope import materialize_rope_rows, precompute_rope_tables
 from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel, check_zero_rows
-from harness.entries._kernel import active_count, sequential_cost
+from harness.entries._kernel import active_count, launch_step, sequential_cost
 from harness.fixtures import SENTINEL, generator, randn, sentinel
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
@@ -125,8 +125,7 @@ def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK):
         t = inputs["qr"].shape[0]
         options = {} if variant == "reference" else {"variant": variant}
         records = []
-        # the cost model alone needs no interpreter memory: one launch, as on a card
-        step = t if getattr(platform, "estimate_only", False) else chunk
+        step = launch_step(platform, t, chunk)
         for t0, rows, active in chunks(t, n, step):
             program = platform.compile(KernelSpec(MODULE, options), config, {"tokens": rows})
             part = {a.name: inputs[a.name] for a in program.args if a.role == "in"}

@@ -30,7 +30,7 @@ from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel
 from harness.fixtures import SENTINEL, generator, randn, sentinel
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
-from harness.entries._kernel import sequential_cost
+from harness.entries._kernel import launch_step, sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 from harness.transport import TpGroup
 
@@ -109,8 +109,7 @@ def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK):
         for rank in range(tp):
             args = rank_inputs(config, tp, rank, inputs)
             chunks = []  # this rank's cost records, one per host chunk
-            # the cost model alone needs no interpreter memory: one launch, as on a card
-            step = t if getattr(platform, "estimate_only", False) else chunk
+            step = launch_step(platform, t, chunk)
             for t0 in range(0, t, step):
                 n = min(step, t - t0)
                 program = platform.compile(KernelSpec(MODULE, options), config,

@@ -29,7 +29,7 @@ import torch
 from goldens.moe import ExpertWeights, quantize_shared_expert, shared_expert
 from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel, check_zero_rows
-from harness.entries._kernel import active_count, sequential_cost
+from harness.entries._kernel import active_count, launch_step, sequential_cost
 from harness.entries.index_query import chunks
 from harness.fixtures import SENTINEL, generator, randn, sentinel
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
@@ -108,7 +108,7 @@ def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK, i_tile: int
             options["i_tile"] = i_tile
         records = []
         # the cost model alone needs no interpreter memory: one launch, weights decoded once
-        step = t if getattr(platform, "estimate_only", False) else chunk
+        step = launch_step(platform, t, chunk)
         for t0, rows, active in chunks(t, n, step):
             program = platform.compile(KernelSpec(MODULE, options), config, {"tokens": rows})
             part = {name: inputs[name] for name in WEIGHTS}
