@@ -135,6 +135,8 @@ def kernel_sut(variant: str = "reference", combine=combine_rank_picks):
         validate_launch(config, inputs)
         tp, t = case.tp, inputs["hidden"].shape[0]
         vl = local_vocab(config, tp)
+        from v41.lm_head import dims  # no pypto: safe in the calling process
+        cols = dims(config, {"tokens": t, "tp": tp})["pick_columns"]
         options = {} if variant == "reference" else {"variant": variant}
         logits = inputs["logits"]
         values, indices = inputs["rank_best_value"], inputs["rank_best_index"]
@@ -148,6 +150,8 @@ def kernel_sut(variant: str = "reference", combine=combine_rank_picks):
                     "logits": torch.full((t, vl), SENTINEL, dtype=torch.float32),
                     "best_value": torch.full((t, 1), SENTINEL, dtype=torch.float32),
                     "best_index": torch.full((t, 1), INDEX_SENTINEL, dtype=torch.int32)}
+            for name in ("tile_max", "tile_pick"):  # kernel scratch, not compared
+                args[name] = torch.full((t, cols), SENTINEL, dtype=torch.float32)
             result = platform.launch(program, rank, args)
             result.raise_for_error()
             logits[:, rank * vl:(rank + 1) * vl] = result.outputs["logits"]
@@ -164,11 +168,13 @@ def kernel_sut(variant: str = "reference", combine=combine_rank_picks):
 
 def work(config, case, inputs):
     """One rank's launch (the estimate is the slowest rank's): the hidden rows, its head
-    shard and its logits moved once; the FP32 cube product; about six vector operations per
-    logit for the streamed pick."""
+    shard and its logits moved once, the per-tile pick scratch written and read back; the
+    FP32 cube product; about six vector operations per logit for the tile picks."""
+    from v41.lm_head import dims  # no pypto: safe in the calling process
     t, d = case.tokens, config.hidden_size
     vl = local_vocab(config, case.tp)
-    moved = tensor_bytes(inputs["hidden"]) + vl * d * 4 + t * vl * 4 + t * 8
+    cols = dims(config, {"tokens": t, "tp": case.tp})["pick_columns"]
+    moved = tensor_bytes(inputs["hidden"]) + vl * d * 4 + t * vl * 4 + t * 8 + 2 * 2 * t * cols * 4
     return Work(moved, {CUBE_FP32: 2 * case.active * d * vl, VECTOR_FP32: 6 * case.active * vl})
 
 

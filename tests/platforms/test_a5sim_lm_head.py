@@ -21,7 +21,7 @@ from v41.lm_head import dims, vocab_tile
 
 ENTRY = "lm_head"
 TIES4 = Case(entry=ENTRY, tokens=9, tp=4, kind="ties")
-PADDED2 = Case(entry=ENTRY, tokens=40, active_tokens=17, tp=2)  # 2 row tiles + padding
+PADDED2 = Case(entry=ENTRY, tokens=40, active_tokens=17, tp=2)  # padding rows on two ranks
 PLAIN = Case(entry=ENTRY, tokens=21)
 
 
