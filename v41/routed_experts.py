@@ -55,7 +55,7 @@ h_mx            (rows, inter)          bfloat16  out
 ==============  =====================  ========  =====
 
 ``rows`` (``case["rows"]`` >= 1) is a dynamic axis; ``L = n_routed_experts / case["ep"]``
-(``ep`` absent or None: one rank owns every expert).
+(``ep`` absent or None: one rank owns every expert), or ``case["local"]`` when given.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -92,8 +92,12 @@ ABI = (
 
 
 def local_count(config, case: dict) -> int:
-    """``L``: experts per rank for ``case["ep"]`` (None or absent: all experts)."""
+    """``L``: experts per rank for ``case["ep"]`` (None or absent: all experts), or
+    ``case["local"]`` when given: a launch over that many of a rank's experts (the
+    estimate-only SUT launches one expert at a time)."""
     n = config.moe.n_routed_experts
+    if case and case.get("local") is not None:
+        return case_int(case, "local", minimum=1)
     ep = case.get("ep") if case else None
     ep = 1 if ep is None else case_int(case, "ep", minimum=1)
     if n % ep:

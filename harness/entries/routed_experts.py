@@ -16,7 +16,11 @@ slot) pairs choosing one of them, sorted by expert, then token (the golden's gat
 ``expert_offsets`` delimit the experts.  Every rank's buffer has the same capacity
 ``max rows + PAD_ROWS`` (a fixed receive window): its rows past ``offsets[L]`` are padding,
 filled with garbage (x = 13.0, route weight NaN) the kernel must not read, and must come
-back exactly zero.  One launch per rank (an empty rank too).
+back exactly zero.  One launch per rank (an empty rank too).  An estimate-only platform
+splits a rank whose packed weights pass :data:`ESTIMATE_RANK_BYTES` (a FLASH rank: the cost
+model cannot hold its whole task graph in 24 GiB) into one launch per expert with rows plus
+one padding launch, and reports their sum (:func:`estimate_rank_per_expert`): experts run
+one after another there, so the figure leaves out any overlap one launch would have.
 
 Output ``y [ranks, capacity, D]`` BF16: each dispatched row checked with the contract's
 per-row bound and for missing writes, each padding row on its own for exact zeros.
@@ -45,6 +49,7 @@ PAD_ROWS = 3  # padding rows past the fullest rank's dispatched rows
 PAD_X = 13.0  # padding x rows: garbage the kernel must not read
 WEIGHT_NAMES = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
 GU_STD = 6.0  # std of g and u before the clamps (limit 10: a few percent clamp)
+ESTIMATE_RANK_BYTES = 256 << 20  # packed expert bytes one estimate-only launch may take
 
 
 def ranks(case) -> int:
@@ -188,16 +193,71 @@ def launch_rank(platform, config, ep, rank: int, args, variant: str = "reference
     return platform.launch(program, rank, args).raise_for_error()
 
 
+def packed_bytes(config, experts: int) -> int:
+    """Bytes of ``experts`` experts' packed MXFP4 weights and scales."""
+    d, i = config.hidden_size, config.moe.intermediate_size
+    return experts * (3 * i * d // 2 + 3 * i * d // 32)
+
+
+def split_per_expert(platform, config, case) -> bool:
+    """True when an estimate-only platform launches a rank's experts one at a time: its
+    packed weights exceed :data:`ESTIMATE_RANK_BYTES` (a whole FLASH rank's cost-model task
+    graph does not fit in 24 GiB).  Interpreted and card launches take the whole rank."""
+    n_local = config.moe.n_routed_experts // ranks(case)
+    return (getattr(platform, "estimate_only", False)
+            and packed_bytes(config, n_local) > ESTIMATE_RANK_BYTES)
+
+
+def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: str = "reference",
+                             i_tile: int | None = None) -> dict | None:
+    """One rank's estimate as launches run one after another: one ``local = 1`` launch per
+    expert with rows (its rows only, its weights only), then one that writes the padding
+    rows (no expert rows: no weight read).  Launches equal in shape and metadata are
+    estimated once (the estimate-only memo).  Returns the rank's summed cost record."""
+    from harness.entries._kernel import sequential_cost
+    from harness.entries.attention_kernels import RankLauncher, launch_memo
+    validate_launch(config, args)
+    options = {} if variant == "reference" else {"variant": variant}
+    if i_tile is not None:
+        options["i_tile"] = i_tile
+    launch = RankLauncher(platform, config, rank, case.preset, memo=launch_memo(platform))
+    off = [int(v) for v in args["expert_offsets"]]
+    cap = args["x"].shape[0]
+
+    def one(first: int, rows: int, expert_rows: int, j: int) -> None:
+        part = {"x": args["x"][first:first + rows].contiguous(),
+                "route_weight": args["route_weight"][first:first + rows].contiguous(),
+                "expert_offsets": torch.tensor([0, expert_rows], dtype=torch.int32)}
+        for name in WEIGHT_NAMES:
+            part[name] = args[name][j:j + 1].contiguous()
+        launch(MODULE, {"rows": rows, "local": 1}, part, options=options)
+
+    for j in range(len(off) - 1):
+        if off[j + 1] > off[j]:
+            one(off[j], off[j + 1] - off[j], off[j + 1] - off[j], j)
+    if cap > off[-1]:
+        one(off[-1], cap - off[-1], 0, 0)
+    return sequential_cost(launch.records) if launch.records else None
+
+
 def kernel_sut(variant: str = "reference", i_tile: int | None = None):
     """The SUT: host validation of the routing and of every rank's launch arguments, then
     one launch per EP rank (an empty rank too); ``variant``/``i_tile`` as in
-    :func:`launch_rank`."""
+    :func:`launch_rank`.  An estimate-only platform splits a rank too large for the cost
+    model into per-expert launches (:func:`split_per_expert`): its figure is their sum."""
     def run(platform, config, case, inputs) -> SutOutput:
         validate_routing(config, case, inputs)
         per_rank = [rank_inputs(config, case, r, inputs) for r in range(ranks(case))]
         for args in per_rank:
             validate_launch(config, args)
         y, records = inputs["y"], []
+        if split_per_expert(platform, config, case):
+            for rank, args in enumerate(per_rank):
+                record = estimate_rank_per_expert(platform, config, case, rank, args, variant,
+                                                  i_tile)
+                if record:
+                    records.append({**record, "rank": rank})
+            return SutOutput({"y": y}, records)
         for rank, args in enumerate(per_rank):
             result = launch_rank(platform, config, case.ep, rank, args, variant, i_tile)
             y[rank] = result.outputs["y"]
