@@ -31,6 +31,21 @@ def _pow2_floor(v: int) -> int:
     return 1 << (max(v, 1).bit_length() - 1)
 
 
+def row_tile(tokens: int, most: int, forced: int | None = None) -> int:
+    """A kernel's row tile for a launch of ``tokens`` rows: ``tokens`` rounded up to 16, at
+    most ``most``; ``forced`` (a multiple of 16, tests use it to run several row tiles in
+    one small launch) instead when given.  A trace-time constant: any row count stays
+    correct, the tile only sets how many rows one product takes."""
+    if forced is not None:
+        if forced < ALIGN or forced % ALIGN:
+            raise ValueError(f"row_tile: {forced} must be a positive multiple of {ALIGN}")
+        return forced
+    if tokens < 1 or most < ALIGN or most % ALIGN:
+        raise ValueError(f"tokens, most: {tokens}, {most} (need tokens >= 1, most a multiple "
+                         f"of {ALIGN})")
+    return min(most, _round_up(tokens, ALIGN))
+
+
 def cube_tiles(m: int, k: int, n: int, operand_bytes: int) -> tuple[list, list, list]:
     """``(m, k, n)`` lists for ``set_cube_tile_shapes`` of a ``[m, k] @ [k, n]`` product
     with operands of ``operand_bytes`` each: ``m0 = m1`` the row tile (rounded up to 16),

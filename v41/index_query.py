@@ -6,8 +6,8 @@ Per active token (brackets mark a BF16 cast, as in the golden):
 * ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads,
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
   MXFP8 (activation rule) into the scratch output ``qrq``, then every head's FP8 weight
-  tiles are decoded in-kernel ONCE per launch and applied to every row tile of ``ROW_TILE``
-  tokens (:func:`v41.rope_heads.project_heads`, the same path as ``v41.qkv_proj_rope``'s q
+  tiles are decoded in-kernel ONCE per launch and applied to every row tile of up to ``ROW_TILE``
+  tokens (the launch's tokens rounded up to 16; cube tiles from :mod:`v41.cube_tiles`) (:func:`v41.rope_heads.project_heads`, the same path as ``v41.qkv_proj_rope``'s q
   heads); the last ``rope_dim`` channels of each head are rotated with the token's prepared
   rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
@@ -59,9 +59,10 @@ import struct
 
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import project_heads
 
-ROW_TILE = 64  # tokens per row tile (wq_b is decoded once per launch)
+ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
 
 VARIANTS = {
@@ -112,6 +113,7 @@ def abi(config, case: dict):
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
+          rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
     """The jit kernel ``index_query(qr, rope_cos, rope_sin, wq_b, wq_b_scale, x,
     weights_proj, num_tokens, q, weights, qrq)``: rows below ``num_tokens`` projected, the
@@ -128,7 +130,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     inverse = variant == "inverse_rope"
     compute_padding = variant == "compute_padding"
     zero_padding = variant not in ("skip_padding", "compute_padding")
-    rows = ROW_TILE
+    rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
     bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
@@ -152,7 +155,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = tokens
         else:
             active = num_tokens[0]
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes(*cube)
         factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
         for i in pypto.loop((active + rows - 1) // rows, name="IQ_ROWS", idx_name="r"):
             start = i * rows

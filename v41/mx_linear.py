@@ -28,6 +28,7 @@ from v41 import mx_decode, mx_encode
 MX_GROUP = 32
 LN2 = math.log(2.0)
 VEC_COLS = 1024  # vector tile columns at most: 16 x 1024 FP32 = 64 KB of the 248 KB UB
+UB_COPY_BYTES = 64 << 10  # one staged copy piece at most (a quarter of the UB)
 
 
 def cols(k: int) -> int:
@@ -167,9 +168,9 @@ def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
 
 def assemble_rows(pypto, tile, out, start, col, rows, valid, width):
     """``out[start : start + valid, col : col + width] = tile`` for a BF16 ``[rows, width]``
-    row tile, in :func:`k_chunk` column pieces (a whole ``[32, 5120]`` BF16 tile exceeds
-    the UB)."""
-    kc = k_chunk(width)
+    row tile, in :func:`k_chunk` column pieces of at most :data:`UB_COPY_BYTES` (the copy
+    stages a whole piece in the UB: ``[192, 1024]`` BF16 exceeds its 248 KB)."""
+    kc = k_chunk(width, max(32, UB_COPY_BYTES // (2 * rows)))
     for q in range(width // kc):  # unrolled at trace time
         pypto.set_vec_tile_shapes(min(rows, 8), kc)
         pypto.assemble(pypto.view(tile, [rows, kc], [0, q * kc], valid_shape=[valid, kc]),

@@ -1,6 +1,7 @@
 """Output projection, one TP rank's FP32 partial (golden: ``goldens.o_proj.o_proj_partial``).
 
-Per row tile of ``ROW_TILE`` tokens, for each of the rank's ``groups`` output groups:
+Per row tile of up to ``ROW_TILE`` tokens (the launch's tokens rounded up to 16; cube tiles
+from :mod:`v41.cube_tiles`), for each of the rank's ``groups`` output groups:
 
 * ``o = [inverse RoPE of the rope tail of each head]`` BF16: adjacent pairs ``(re, im)``
   de-rotated with the token's ``(cos, sin)``, ``(re c + im s, im c - re s)`` in FP32, one
@@ -41,8 +42,9 @@ lat_mx        (tokens, K)                     bfloat16  out  (scratch: MX(latent
 # parameter annotations as objects.
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles, row_tile
 
-ROW_TILE = 64  # tokens per row tile (the weight is decoded once per launch)
+ROW_TILE = 192  # most tokens per row tile (the weight is decoded once per launch)
 N_TILE = 128  # wo_b output rows decoded per weight tile
 
 VARIANTS = {
@@ -85,6 +87,7 @@ def abi(config, case: dict):
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
+          rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
     """The jit kernel ``o_proj(attn_out, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
     partial, lat_mx)``: one rank's FP32 partial of the output projection (``lat_mx`` is
@@ -99,7 +102,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     groups = k // lora
     hd, rd = config.head_dim, config.rope_dim
     nope, heads_per_group = hd - rd, gi // hd
-    rows = ROW_TILE
+    rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    cube = cube_tiles(rows, mx_linear.k_chunk(k), N_TILE, 2)  # BF16 operands
     inverse = variant != "forward_rope"
     skip_quant = variant == "skip_act_quant"
     scale_up = variant == "wo_b_scale_up"
@@ -118,7 +122,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         lat_mx: pypto.Tensor([tokens_dim, k], pypto.DT_BF16),
     ):
         tokens = attn_out.shape[0]
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes(*cube)
         row_tiles = (tokens + rows - 1) // rows
         for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
             start = i * rows

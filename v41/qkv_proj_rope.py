@@ -57,9 +57,10 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 # parameter annotations as objects.
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import project_heads, store_rope_head
 
-ROW_TILE = 32  # tokens per row tile (the weights are decoded once per launch)
+ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
 
 VARIANTS = {
@@ -118,11 +119,10 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
 
 
-def project_rows(pypto, xq, w, ws, out, tokens, n, k, name):
+def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
     """``out[:tokens] = [xq @ W^T]`` (BF16) for MX activations ``xq [tokens, k]``: a
     ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded once and applied to every
-    row tile."""
-    rows = ROW_TILE
+    row tile of ``rows`` tokens."""
     row_tiles = (tokens + rows - 1) // rows
     width = mx_linear.tile_width(n, N_TILE)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
@@ -138,6 +138,7 @@ def project_rows(pypto, xq, w, ws, out, tokens, n, k, name):
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
+          rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
     """The jit kernel ``qkv_proj_rope(x, rope_cos, rope_sin, wq_a, wq_a_scale, q_norm, wq_b,
     wq_b_scale, wkv, wkv_scale, kv_norm, q, kv, qr, xq, qa, kva, qrq)`` for one rank's
@@ -151,7 +152,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     rd = config.rope_dim
     heads = qw // hd
     eps = float(config.rms_norm_eps)
-    rows = ROW_TILE
+    rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
     scale_up = variant == "wq_b_scale_up"
@@ -182,7 +184,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = x.shape[0]
         row_tiles = (tokens + rows - 1) // rows
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes(*cube)
         for i in pypto.loop(row_tiles, name="QKV_XQ", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
@@ -191,8 +193,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                         valid_shape=[valid, hidden]), fp32)
             xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
             mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
-        project_rows(pypto, xq, wq_a, wq_a_scale, qa, tokens, ql, hidden, "QKV_WQA")
-        project_rows(pypto, xq, wkv, wkv_scale, kva, tokens, hd, hidden, "QKV_WKV")
+        project_rows(pypto, xq, wq_a, wq_a_scale, qa, tokens, ql, hidden, rows, "QKV_WQA")
+        project_rows(pypto, xq, wkv, wkv_scale, kva, tokens, hd, hidden, rows, "QKV_WKV")
         factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
         pypto.set_vec_tile_shapes(1, ql)
         qn = pypto.reshape(q_norm, [1, ql])
@@ -208,8 +210,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                               fp32)
             qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, rows, ql, eps, apply=q_norm_on),
                               bf16)
-            pypto.assemble(pypto.view(qr_t, [rows, ql], [0, 0], valid_shape=[valid, ql]),
-                           [start, 0], qr)
+            mx_linear.assemble_rows(pypto, qr_t, qr, start, 0, rows, valid, ql)
             pypto.set_vec_tile_shapes(min(rows, 8), ql)
             qrm = mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid, ql)
             mx_linear.assemble_rows(pypto, qrm, qrq, start, 0, rows, valid, ql)

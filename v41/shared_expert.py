@@ -1,6 +1,7 @@
 """MoE shared expert, MXFP8 weights decoded in-kernel (golden: ``goldens.moe.shared_expert``).
 
-Per row tile of ``ROW_TILE`` active tokens (brackets mark a BF16 cast, as in the golden)::
+Per row tile of up to ``ROW_TILE`` active tokens (the launch's tokens rounded up to 16;
+brackets mark a BF16 cast, as in the golden)::
 
     a   = MX(x)                                   activation rule, group 32 (v41.mx_linear)
     g_j = [a @ W1_j^T]    u_j = [a @ W3_j^T]      FP32 accumulation, one BF16 cast
@@ -58,8 +59,9 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 # parameter annotations as objects.
 from v41 import mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles, row_tile
 
-ROW_TILE = 32  # tokens per row tile (the weights are decoded once per launch, not per tile)
+ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
 N_TILE = 128  # W2 output rows decoded per tile
 # W2 rows per tile when its E8M0 scale rows are at most NARROW_SCALE_BYTES wide (TINY: inter
@@ -120,7 +122,8 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
-          i_tile: int = I_TILE, runtime_options: dict | None = None):
+          i_tile: int = I_TILE, rows_per_tile: int | None = None,
+          runtime_options: dict | None = None):
     """The jit kernel ``shared_expert(x, num_tokens, w1, w1_scale, w3, w3_scale, w2,
     w2_scale, y, xq, h_mx)``: rows below ``num_tokens`` get the shared expert, the rest
     zeros (``xq`` / ``h_mx`` are scratch).
@@ -136,7 +139,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     i_tile = mx_linear.tile_width(inter, i_tile)
     narrow = inter // 32 <= NARROW_SCALE_BYTES
     n_tile = mx_linear.tile_width(hidden, NARROW_N_TILE if narrow else N_TILE)
-    rows = ROW_TILE
+    rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    cube = cube_tiles(rows, mx_linear.k_chunk(hidden), max(i_tile, n_tile), 2)  # BF16 operands
     clamp = variant != "no_clamp"
     silu_on_u = variant == "silu_on_u"
     skip_h_quant = variant == "skip_h_quant"
@@ -166,7 +170,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         else:
             active = num_tokens[0]
         row_tiles = (active + rows - 1) // rows
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes(*cube)
         for r in pypto.loop(row_tiles, name="SE_XQ", idx_name="r"):
             start = r * rows
             valid = (active - start).min(rows)

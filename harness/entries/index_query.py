@@ -117,13 +117,18 @@ def chunks(tokens: int, active: int, chunk: int) -> list[tuple[int, int, int]]:
             for t0 in range(0, tokens, chunk)]
 
 
-def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK):
-    """The SUT: host validation, then one launch per host chunk of ``chunk`` tokens."""
+def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK,
+               rows_per_tile: int | None = None):
+    """The SUT: host validation, then one launch per host chunk of ``chunk`` tokens.
+    ``rows_per_tile`` overrides the kernel's row tile (tests: several row tiles in one small
+    launch)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         n = validate_launch(config, inputs)
         t = inputs["qr"].shape[0]
         options = {} if variant == "reference" else {"variant": variant}
+        if rows_per_tile is not None:
+            options["rows_per_tile"] = rows_per_tile
         records = []
         step = launch_step(platform, t, chunk)
         for t0, rows, active in chunks(t, n, step):

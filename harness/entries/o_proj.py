@@ -95,14 +95,18 @@ def rank_inputs(config, tp: int, rank: int, inputs) -> dict:
             "wo_b": w.wo_b.view(torch.uint8).contiguous(), "wo_b_scale": w.wo_b_scale.contiguous()}
 
 
-def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK):
+def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK,
+               rows_per_tile: int | None = None):
     """The SUT: host validation, then every rank's launches (host token chunks of
-    ``chunk``), then the rank-ordered all-reduce on the host transport."""
+    ``chunk``), then the rank-ordered all-reduce on the host transport.  ``rows_per_tile``
+    overrides the kernel's row tile (tests: several row tiles in one small launch)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         validate_launch(config, case, inputs)
         t, tp, hidden = inputs["attn_out"].shape[0], case.tp, config.hidden_size
         options = {} if variant == "reference" else {"variant": variant}
+        if rows_per_tile is not None:
+            options["rows_per_tile"] = rows_per_tile
         group = TpGroup(tp, t, hidden)
         partials = inputs["partials"]
         records = []

@@ -104,14 +104,18 @@ def rank_inputs(config, tp: int, rank: int, inputs) -> dict:
     return args
 
 
-def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK):
+def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK,
+               rows_per_tile: int | None = None):
     """The SUT: host validation, then every rank's launches (host token chunks of
-    ``chunk``)."""
+    ``chunk``). ``rows_per_tile``
+    overrides the kernel's row tile (tests: several row tiles in one small launch)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         validate_launch(config, case, inputs)
         t, tp = inputs["x"].shape[0], case.tp
         options = {} if variant == "reference" else {"variant": variant}
+        if rows_per_tile is not None:
+            options["rows_per_tile"] = rows_per_tile
         records = []
         for rank in range(tp):
             args = rank_inputs(config, tp, rank, inputs)

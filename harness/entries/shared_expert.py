@@ -96,14 +96,18 @@ def validate_launch(config, inputs) -> int:
     return n
 
 
-def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK, i_tile: int | None = None):
+def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK, i_tile: int | None = None,
+               rows_per_tile: int | None = None):
     """The SUT: host validation, then one launch per host chunk of ``chunk`` tokens
-    (``i_tile`` overrides the kernel's intermediate column tile)."""
+    (``i_tile`` overrides the kernel's intermediate column tile, ``rows_per_tile`` its row
+    tile: tests run several row tiles in one small launch)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         n = validate_launch(config, inputs)
         t = inputs["x"].shape[0]
         options = {} if variant == "reference" else {"variant": variant}
+        if rows_per_tile is not None:
+            options["rows_per_tile"] = rows_per_tile
         if i_tile is not None:
             options["i_tile"] = i_tile
         records = []
