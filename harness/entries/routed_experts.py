@@ -65,20 +65,28 @@ def excluded_experts(config, case) -> set[int]:
     return {1} | set(range(e - n_local, e))
 
 
-def build_inputs(config, case):
+def routing(config, case) -> dict:
+    """The fixture's token rows and router choices (no expert weights): ``x``, ``indices``
+    and ``weights`` as :func:`build_inputs` makes them."""
     m, d, t = config.moe, config.hidden_size, case.tokens
-    e, k, inter = m.n_routed_experts, m.num_experts_per_tok, m.intermediate_size
+    e, k = m.n_routed_experts, m.num_experts_per_tok
     x = randn((t, d), case.seed, "x").to(torch.bfloat16)
     allowed = torch.tensor(sorted(set(range(e)) - excluded_experts(config, case)))
     g = generator(case.seed, "indices")
     idx = torch.stack([allowed[torch.randperm(len(allowed), generator=g)[:k]] for _ in range(t)])
     w = torch.rand((t, k), generator=generator(case.seed, "weights")) * 1.25 + 0.25
+    return {"x": x, "indices": idx.to(torch.int32), "weights": w.to(torch.float32)}
+
+
+def build_inputs(config, case):
+    m, d = config.moe, config.hidden_size
+    e, inter = m.n_routed_experts, m.intermediate_size
+    inputs = routing(config, case)
     gu = GU_STD * d ** -0.5
     experts = [quantize_routed_expert(randn((inter, d), case.seed, f"w1/{j}", scale=gu),
                                       randn((inter, d), case.seed, f"w3/{j}", scale=gu),
                                       randn((d, inter), case.seed, f"w2/{j}", scale=inter ** -0.5))
                for j in range(e)]
-    inputs = {"x": x, "indices": idx.to(torch.int32), "weights": w.to(torch.float32)}
     for i, name in enumerate(WEIGHT_NAMES):
         inputs[name] = torch.stack([ew[i] for ew in experts])
     cap = capacity(config, case, inputs["indices"])
