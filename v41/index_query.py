@@ -6,10 +6,11 @@ Per active token (brackets mark a BF16 cast, as in the golden):
 * ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads,
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
   MXFP8 (activation rule) into the scratch output ``qrq``, then every head's FP8 weight
-  tiles are decoded in-kernel ONCE per launch and applied to every row tile of up to ``ROW_TILE``
-  tokens (the launch's tokens rounded up to 16; cube tiles from :mod:`v41.cube_tiles`) (:func:`v41.rope_heads.project_heads`, the same path as ``v41.qkv_proj_rope``'s q
-  heads); the last ``rope_dim`` channels of each head are rotated with the token's prepared
-  rope row;
+  tiles are decoded in-kernel ONCE per launch and applied to every row tile of up to
+  ``ROW_TILE`` tokens (the launch's tokens rounded up to 16; cube tiles from
+  :mod:`v41.cube_tiles`; :func:`v41.rope_heads.project_heads`, the same path as
+  ``v41.qkv_proj_rope``'s q heads); the last ``rope_dim`` channels of each head are
+  rotated with the token's prepared rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
   accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
   and rounds to FP32 first: the two differ by FP32 reassociation before the BF16 cast.)

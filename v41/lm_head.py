@@ -47,13 +47,14 @@ tile_pick    (rows, pick_columns)  float32   out (scratch: per-tile local picks)
 ===========  ====================  ========  =====
 
 ``rows`` from ``case["tokens"]`` (>= 1) is a dynamic axis; ``vocab_local = V / case["tp"]``,
-``pick_columns = pick_columns(vocab_local / vocab_tile)`` and the shard's offset ``case["rank"] * vocab_local`` are fixed at trace time.
+``pick_columns = pick_columns(vocab_local / vocab_tile)`` and the shard's offset
+``case["rank"] * vocab_local`` are fixed at trace time.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.cube_tiles import cube_tiles
+from v41.cube_tiles import cube_tiles, row_tile
 
 ROW_TILE = 192  # logit rows per loop iteration (the head shard is streamed once per row tile)
 VEC_ROWS = 16  # rows per vector tile
@@ -153,7 +154,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     n_tiles = vl // tile
     cols = pick_columns(n_tiles)
     base0 = 0 if variant == "local_index" else dm["rank"] * vl
-    r = min(ROW_TILE, -(-dm["rows"] // 16) * 16)  # the row tile: the launch's rows, up to 192
+    r = row_tile(dm["rows"], ROW_TILE)  # the launch's rows rounded up to 16, at most 192
     high_ties = variant == "higher_index_ties"
     bf16_logits = variant == "bf16_logits"
     zero_padding = variant != "skip_padding"

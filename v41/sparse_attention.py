@@ -21,8 +21,8 @@ Kernel algorithm (per token, all local heads at once):
   bytes from the flat scale table at ``row * groups + lane``, computed in INT32 (an FP32
   row index is wrong past 2^24 flat slots); rows are decoded arithmetically by
   :mod:`v41.mx_decode` (window: E4M3 x E8M0 per 32; compressed: packed E2M1 pairs, low
-  nibble first, through a 16-entry value table, x E4M3 per 16) to BF16, exact.  The FP8/FP4 dtypes are not used: the
-  interpreter misdecodes FP8 exponent 15 and has no FP4.
+  nibble first, through a 16-entry value table, x E4M3 per 16) to BF16, exact.  The
+  FP8/FP4 dtypes are not used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
 * logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, times ``softmax_scale``; keys with a
   -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
   every INT32 id);
