@@ -15,7 +15,8 @@ and the view offsets are data-dependent, like ``v41.compressor_ratio2``'s reques
 Each weight is decoded ONE TILE AT A TIME from its packed form (:mod:`v41.mx_fp4_decode`):
 ``I_TILE`` rows of W1/W3 (all of K) or ``D_TILE`` rows of W2 (all of K: one decode and
 two products per W2 tile, so the traced body does not grow with ``inter``).  The nibble
-planes are contracted against the even and odd activation columns, ``a[:, 0::2] @ lo^T + a[:, 1::2] @ hi^T``, so no interleaved weight is ever formed.  Every
+planes are contracted against the even and odd activation columns,
+``a[:, 0::2] @ lo^T + a[:, 1::2] @ hi^T``, so no interleaved weight is ever formed.  Every
 product is exact (both operands are exact MX values); only the FP32 summation order
 differs from the golden's FP64 accumulation with one rounding, far inside the contract's
 per-row bound.  An expert without rows runs zero row tiles, so its weights are never read;
