@@ -193,12 +193,18 @@ def launch_rank(platform, config, ep, rank: int, args, variant: str = "reference
     returns the launch result (raises on a failed launch)."""
     from harness.platforms import KernelSpec
     validate_launch(config, args)
-    options = {} if variant == "reference" else {"variant": variant}
-    if i_tile is not None:
-        options["i_tile"] = i_tile
+    options = build_options(variant, i_tile)
     program = platform.compile(KernelSpec(MODULE, options), config,
                                {"rows": args["x"].shape[0], "ep": ep})
     return platform.launch(program, rank, args).raise_for_error()
+
+
+def build_options(variant: str = "reference", i_tile: int | None = None) -> dict:
+    """The kernel's build options: ``variant`` unless the reference, ``i_tile`` if given."""
+    options = {} if variant == "reference" else {"variant": variant}
+    if i_tile is not None:
+        options["i_tile"] = i_tile
+    return options
 
 
 def packed_bytes(config, experts: int) -> int:
@@ -225,9 +231,7 @@ def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: s
     from harness.entries._kernel import sequential_cost
     from harness.entries.attention_kernels import RankLauncher, launch_memo
     validate_launch(config, args)
-    options = {} if variant == "reference" else {"variant": variant}
-    if i_tile is not None:
-        options["i_tile"] = i_tile
+    options = build_options(variant, i_tile)
     launch = RankLauncher(platform, config, rank, case.preset, memo=launch_memo(platform))
     off = [int(v) for v in args["expert_offsets"]]
     cap = args["x"].shape[0]
