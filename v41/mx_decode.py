@@ -18,6 +18,22 @@ Golden: ``goldens.quant.dequantize_window_kv`` / ``dequantize_compressed_kv``.
 import math
 
 LN2 = math.log(2.0)
+SCALE_TILE = 2048  # 1-D tile of the per-group scale codes at most (8 KB FP32)
+GROUP_TILE_ELEMS = 16384  # [rows, group] tile of the per-group scale step (64 KB FP32)
+
+
+def _scale_tiles(pypto, n):
+    """Vector tiles for the ``[n]`` scale codes of a key tile: at least two pieces.  One
+    piece the size of the scale-byte gather fuses with it, and pypto 0.2.0's
+    TuneSyncForVF pass then fails (``Cannot find GATHER in PIPE_MTE2``) at TINY."""
+    pypto.set_vec_tile_shapes(max(min(n // 2, SCALE_TILE), 16))
+
+
+def _group_tiles(pypto, n, group):
+    """Vector tiles for a ``[n, group]`` per-group step: as many groups per tile as fit
+    :data:`GROUP_TILE_ELEMS` (a row tile's ``[16, d]`` shape would cut it into ``[16, group]``
+    pieces, thousands of tiny vector tasks per key tile at FLASH)."""
+    pypto.set_vec_tile_shapes(min(n, GROUP_TILE_ELEMS // group), group)
 
 
 def unsigned_codes(pypto, codes):
@@ -49,17 +65,26 @@ def e2m1_values(pypto, c):
     return pypto.mul(mag, pypto.add(pypto.mul(sign, -2.0), 1.0))
 
 
-def window_rows(pypto, codes, scale_codes, tile, d, group):
+def window_rows(pypto, codes, scale_codes, tile, d, group, *, row_tile=None):
     """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
-    ``[tile * d / group]`` (flat, row-major)."""
+    ``[tile * d / group]`` (flat, row-major).  Every step runs in the caller's vector tile,
+    unless ``row_tile`` (that tile, ``(rows, cols)``) is given: then the per-group scale
+    steps run in large tiles and ``row_tile`` is set again for the row steps."""
     frac, expo = e4m3_parts(pypto, unsigned_codes(pypto, codes))
+    e_lo = pypto.maximum(expo, 1.0)
     n = tile * d // group
+    if row_tile:
+        _scale_tiles(pypto, n)
     c = unsigned_codes(pypto, scale_codes)  # [n]
     # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group], c broadcast per group
-    e_g = pypto.reshape(pypto.maximum(expo, 1.0), [n, group])
+    if row_tile:
+        _group_tiles(pypto, n, group)
+    e_g = pypto.reshape(e_lo, [n, group])
     c_g = pypto.reshape(c, [n, 1])
     pw = pypto.exp(pypto.mul(pypto.add(e_g, pypto.sub(c_g, 134.0)), LN2))
     val = pypto.mul(pypto.reshape(frac, [n, group]), pw)
+    if row_tile:
+        pypto.set_vec_tile_shapes(*row_tile)
     return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
 
 
@@ -76,11 +101,13 @@ def compressed_constants(pypto, tile, d, *, high_first=False):
     if high_first:
         odd = pypto.add(pypto.mul(odd, -1.0), 1.0)
     inv_div = pypto.reshape(pypto.add(pypto.mul(odd, 1.0 / 16.0 - 1.0), 1.0), [1, d])
-    pypto.set_vec_tile_shapes(min(tile, 16), d)
+    # one task per constant: each of their tasks is waited on by every key tile's tasks
+    byte_of = pypto.cast(byte_of, pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(tile, d)
     inv_div = pypto.expand_clone(inv_div, [tile, d])
     pypto.set_vec_tile_shapes(16)
     table = e2m1_values(pypto, pypto.arange(0.0, 16.0, 1.0))
-    return pypto.cast(byte_of, pypto.DT_INT32), inv_div, table
+    return byte_of, inv_div, table
 
 
 def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale_e8m0=False):
@@ -101,8 +128,7 @@ def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale
     pypto.set_vec_tile_shapes(rt * d)
     flat = pypto.reshape(code, [tile * d])
     elem = pypto.index_select(table, 0, flat)
-    pypto.set_vec_tile_shapes(rt, d)
-    elem = pypto.reshape(elem, [n, group])
+    _scale_tiles(pypto, n)
     c = unsigned_codes(pypto, scale_codes)  # [n]
     if scale_e8m0:
         scale = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
@@ -110,5 +136,8 @@ def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale
         frac, expo = e4m3_parts(pypto, c)
         scale = pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0),
                                                     LN2)))
-    val = pypto.mul(elem, pypto.reshape(scale, [n, 1]))
-    return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
+    _group_tiles(pypto, n, group)
+    val = pypto.mul(pypto.reshape(elem, [n, group]), pypto.reshape(scale, [n, 1]))
+    val = pypto.cast(val, pypto.DT_BF16)  # in the same tiles: no [16, d] cast tasks
+    pypto.set_vec_tile_shapes(rt, d)
+    return pypto.reshape(val, [tile, d])

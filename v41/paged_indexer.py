@@ -52,6 +52,7 @@ topk_rows            (tokens, topk)                      int32     out
 # parameter annotations as objects.
 from v41 import mx_decode, rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles
 from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys decoded and scored per step
@@ -140,8 +141,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     def body(q, weights, index_key, index_key_scale, index_block_table, token_to_req,
              compressed_lens, candidate_mask, scores, topk_rows):
         tokens = q.shape[0]
-        payload = pypto.reshape(index_key, [rows, half])
-        scales = pypto.reshape(index_key_scale, [rows * g])
+        # in-place views of the inputs: a copying reshape is a task every gather waits on
+        payload = pypto.reshape(index_key, [rows, half], inplace=True)
+        scales = pypto.reshape(index_key_scale, [rows * g], inplace=True)
         slots = scale_slots(pypto, tile, g)
         consts = mx_decode.compressed_constants(pypto, tile, d)
         pypto.set_vec_tile_shapes(padded)
@@ -163,7 +165,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             rev = pypto.add(pypto.mul(pos, -1.0), float(padded))
         pypto.set_vec_tile_shapes(1, k)
         kio = pypto.reshape(kio1, [1, k])
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
         for t in pypto.loop(tokens, name="IDX_TOKENS", idx_name="t"):
             req = token_to_req[t]
             # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0)
@@ -175,14 +177,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             pypto.set_vec_tile_shapes(1, width)
             trow = pypto.view(index_block_table, [1, pages], [req, 0])
             phys = pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
-            pypto.set_vec_tile_shapes(h, d)
-            qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
-            pypto.set_vec_tile_shapes(h, 16)
-            wt = pypto.reshape(pypto.cast(pypto.view(weights, [1, h], [t, 0]), pypto.DT_FP32),
-                               [h, 1])
             pypto.set_vec_tile_shapes(1, padded)
             pypto.assemble(pypto.full([1, padded], rank_select.MASKED, pypto.DT_FP32),
                            [t, 0], scores)  # columns of tiles past compressed_lens[t]
+            pypto.set_vec_tile_shapes(h, 16)
+            wt = pypto.reshape(pypto.cast(pypto.view(weights, [1, h], [t, 0]), pypto.DT_FP32),
+                               [h, 1])
+            # last before the key loop: the tile the loop's copy of qt is cut in
+            pypto.set_vec_tile_shapes(h, d)
+            qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
             if causal:  # only the tiles holding visible positions
                 ntiles = (compressed_lens[t] + tile - 1) // tile
             else:

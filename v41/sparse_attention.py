@@ -82,6 +82,7 @@ when given, else :func:`default_blocks` / :func:`default_cblocks`.
 # parameter annotations as objects.
 from v41 import mx_decode
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import cube_tiles
 from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys per online-softmax step
@@ -187,6 +188,7 @@ def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
     ``(m, l, acc)`` from ``state``.  The state is a trace-time value of the token's own
     loop iteration (no tensor carried from token to token)."""
     m_run, l_run, acc = state
+    pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
     s = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
     pypto.set_vec_tile_shapes(h, tile)
     s = pypto.mul(s, scale)
@@ -200,6 +202,7 @@ def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
     # probabilities on the BF16 cube, as the golden keeps them
     p_hi = pypto.cast(p, pypto.DT_BF16)
     p_lo = pypto.cast(pypto.sub(p, pypto.cast(p_hi, pypto.DT_FP32)), pypto.DT_BF16)
+    pypto.set_cube_tile_shapes(*cube_tiles(h, tile, d, 2))
     pv_hi = pypto.matmul(p_hi, kb, pypto.DT_FP32)  # [h, d]
     pv_lo = pypto.matmul(p_lo, kb, pypto.DT_FP32)
     pypto.set_vec_tile_shapes(h, d)
@@ -225,7 +228,8 @@ def _window_state(pypto, t, qt, sink, win, o):
         codes, scodes, bias = gather_tile(pypto, ids, tile, payload, scales, slots, g,
                                           (min(tile, 16), d), o["fp32_rows"])
         pypto.set_vec_tile_shapes(min(tile, 16), d)
-        kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, o["wgroup"])
+        kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, o["wgroup"],
+                                   row_tile=(min(tile, 16), d))
         state = _attend(pypto, qt, kb, bias, state, h, d, tile, o["scale"], o["mask"])
     return state
 
@@ -299,16 +303,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         out: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
     ):
         tokens = q.shape[0]
-        payload = pypto.reshape(window_kv, [rows, d])
-        scales = pypto.reshape(window_kv_scale, [rows * g])
-        cpayload = pypto.reshape(compressed_kv, [crows, half])
-        cscales = pypto.reshape(compressed_kv_scale, [crows * cg])
+        # in-place views of the inputs: a copying reshape is a task every gather waits on
+        payload = pypto.reshape(window_kv, [rows, d], inplace=True)
+        scales = pypto.reshape(window_kv_scale, [rows * g], inplace=True)
+        cpayload = pypto.reshape(compressed_kv, [crows, half], inplace=True)
+        cscales = pypto.reshape(compressed_kv_scale, [crows * cg], inplace=True)
+        sink = pypto.reshape(attn_sink, [h, 1], inplace=True)
         slots = scale_slots(pypto, tile, g, fp32_rows)
         cslots = scale_slots(pypto, ctile, cg, fp32_rows)
         cconsts = mx_decode.compressed_constants(pypto, ctile, d, high_first=high_first)
-        pypto.set_vec_tile_shapes(h, 8)
-        sink = pypto.reshape(attn_sink, [h, 1])
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
         opts = dict(h=h, d=d, half=half, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
                     scale_e8m0=scale_e8m0)
