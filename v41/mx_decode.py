@@ -29,11 +29,12 @@ def _scale_tiles(pypto, n):
     pypto.set_vec_tile_shapes(max(min(n // 2, SCALE_TILE), 16))
 
 
-def _group_tiles(pypto, n, group):
+def _group_tiles(pypto, n, group, pieces=1):
     """Vector tiles for a ``[n, group]`` per-group step: as many groups per tile as fit
-    :data:`GROUP_TILE_ELEMS` (a row tile's ``[16, d]`` shape would cut it into ``[16, group]``
-    pieces, thousands of tiny vector tasks per key tile at FLASH)."""
-    pypto.set_vec_tile_shapes(min(n, GROUP_TILE_ELEMS // group), group)
+    :data:`GROUP_TILE_ELEMS`, split in at least ``pieces`` tiles (a row tile's ``[16, d]``
+    shape would cut it into ``[16, group]`` pieces, thousands of tiny vector tasks per key
+    tile at FLASH)."""
+    pypto.set_vec_tile_shapes(min(GROUP_TILE_ELEMS // group, max(n // pieces, 16)), group)
 
 
 def unsigned_codes(pypto, codes):
@@ -65,11 +66,12 @@ def e2m1_values(pypto, c):
     return pypto.mul(mag, pypto.add(pypto.mul(sign, -2.0), 1.0))
 
 
-def window_rows(pypto, codes, scale_codes, tile, d, group, *, row_tile=None):
+def window_rows(pypto, codes, scale_codes, tile, d, group, *, row_tile=None, pieces=1):
     """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
     ``[tile * d / group]`` (flat, row-major).  Every step runs in the caller's vector tile,
     unless ``row_tile`` (that tile, ``(rows, cols)``) is given: then the per-group scale
-    steps run in large tiles and ``row_tile`` is set again for the row steps."""
+    steps run in large tiles (at least ``pieces`` of them) and ``row_tile`` is set again
+    for the row steps."""
     frac, expo = e4m3_parts(pypto, unsigned_codes(pypto, codes))
     e_lo = pypto.maximum(expo, 1.0)
     n = tile * d // group
@@ -78,7 +80,7 @@ def window_rows(pypto, codes, scale_codes, tile, d, group, *, row_tile=None):
     c = unsigned_codes(pypto, scale_codes)  # [n]
     # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group], c broadcast per group
     if row_tile:
-        _group_tiles(pypto, n, group)
+        _group_tiles(pypto, n, group, pieces)
     e_g = pypto.reshape(e_lo, [n, group])
     c_g = pypto.reshape(c, [n, 1])
     pw = pypto.exp(pypto.mul(pypto.add(e_g, pypto.sub(c_g, 134.0)), LN2))

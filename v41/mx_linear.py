@@ -79,7 +79,7 @@ def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GR
     srep = pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
     pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
     wt = mx_decode.window_rows(pypto, codes, pypto.reshape(srep, [n_tile * kg]), n_tile, k,
-                               group, row_tile=(min(n_tile, 16), cols(k)))
+                               group, row_tile=(min(n_tile, 16), cols(k)), pieces=4)
     if scale_up:
         wt = pypto.cast(pypto.mul(pypto.cast(wt, pypto.DT_FP32), 2.0), pypto.DT_BF16)
     return wt
