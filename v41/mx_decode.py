@@ -105,7 +105,7 @@ def compressed_constants(pypto, tile, d, *, high_first=False):
     inv_div = pypto.reshape(pypto.add(pypto.mul(odd, 1.0 / 16.0 - 1.0), 1.0), [1, d])
     # one task per constant: each of their tasks is waited on by every key tile's tasks
     byte_of = pypto.cast(byte_of, pypto.DT_INT32)
-    pypto.set_vec_tile_shapes(tile, d)
+    pypto.set_vec_tile_shapes(min(tile, GROUP_TILE_ELEMS * 2 // d), d)  # 128 KB at most
     inv_div = pypto.expand_clone(inv_div, [tile, d])
     pypto.set_vec_tile_shapes(16)
     table = e2m1_values(pypto, pypto.arange(0.0, 16.0, 1.0))
