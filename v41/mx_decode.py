@@ -66,27 +66,23 @@ def e2m1_values(pypto, c):
     return pypto.mul(mag, pypto.add(pypto.mul(sign, -2.0), 1.0))
 
 
-def window_rows(pypto, codes, scale_codes, tile, d, group, *, row_tile=None, pieces=1):
+def window_rows(pypto, codes, scale_codes, tile, d, group, row_tile, pieces=1):
     """BF16 ``[tile, d]`` rows from uint8 E4M3 codes ``[tile, d]`` and uint8 E8M0 codes
-    ``[tile * d / group]`` (flat, row-major).  Every step runs in the caller's vector tile,
-    unless ``row_tile`` (that tile, ``(rows, cols)``) is given: then the per-group scale
-    steps run in large tiles (at least ``pieces`` of them) and ``row_tile`` is set again
-    for the row steps."""
+    ``[tile * d / group]`` (flat, row-major).  The row steps run in the caller's vector tile
+    ``row_tile`` (``(rows, cols)``, set again before the cast); the per-group scale steps
+    run in large tiles (at least ``pieces`` of them)."""
     frac, expo = e4m3_parts(pypto, unsigned_codes(pypto, codes))
     e_lo = pypto.maximum(expo, 1.0)
     n = tile * d // group
-    if row_tile:
-        _scale_tiles(pypto, n)
+    _scale_tiles(pypto, n)
     c = unsigned_codes(pypto, scale_codes)  # [n]
     # 2^(max(e,1) - 7) * 2^(c - 127) as one exp over [n, group], c broadcast per group
-    if row_tile:
-        _group_tiles(pypto, n, group, pieces)
+    _group_tiles(pypto, n, group, pieces)
     e_g = pypto.reshape(e_lo, [n, group])
     c_g = pypto.reshape(c, [n, 1])
     pw = pypto.exp(pypto.mul(pypto.add(e_g, pypto.sub(c_g, 134.0)), LN2))
     val = pypto.mul(pypto.reshape(frac, [n, group]), pw)
-    if row_tile:
-        pypto.set_vec_tile_shapes(*row_tile)
+    pypto.set_vec_tile_shapes(*row_tile)
     return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
 
 
