@@ -16,7 +16,9 @@ Comparison per DP group ``g`` (output names carry ``g{g}.``):
   selection other than the nominal one gets its output reference recomputed from the
   reference caches and original weights (``attention_paths.selected_output``).  Reuse:
   the rows must be the source's, byte for byte.
-* output on active rows: C2A modes ``check_c2a_budget``; SWA and C1A ``check_row_bound``;
+* output on active rows: SWA and C2A modes the Attention budget ``check_c2a_budget`` (the
+  reference's ``decode_attn_swa`` / ``decode_attn_c2a_full`` output comparator); C1A the
+  strict per-row bound ``check_row_bound``;
   padding rows ``check_zero_rows``; active rows ``check_sentinel``; multi-rank replicated:
   ``check_replicas`` over the ranks' outputs (and Top-K rows); sharded: slab rows past T
   zero.
@@ -57,10 +59,11 @@ _PUBLICATION = ("compressed_kv", "compressed_kv_scale", "index_key", "index_key_
 @dataclass(frozen=True)
 class ModeSpec:
     mode: Mode
-    budget: str  # "c2a": check_c2a_budget; "row": the contract per-row bound
+    budget: str  # "attention": check_c2a_budget (SWA, C2A); "row": the strict C1A per-row bound
 
 
-MODES = (ModeSpec(Mode.SWA, "row"), ModeSpec(Mode.C2A_FULL, "c2a"), ModeSpec(Mode.C2A_REUSE, "c2a"),
+MODES = (ModeSpec(Mode.SWA, "attention"), ModeSpec(Mode.C2A_FULL, "attention"),
+         ModeSpec(Mode.C2A_REUSE, "attention"),
          ModeSpec(Mode.C1A_FULL, "row"), ModeSpec(Mode.C1A_REINDEX, "row"), ModeSpec(Mode.C1A_REUSE, "row"))
 
 
@@ -185,7 +188,7 @@ def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
         verdicts += topk_verdicts
         out, name = actual["out"][g], f"g{g}.out"
         if n:
-            check = check_c2a_budget if spec.budget == "c2a" else check_row_bound
+            check = check_c2a_budget if spec.budget == "attention" else check_row_bound
             verdicts += check(name, out, ref, rows=slice(0, n))
             verdicts += check_sentinel(name, out, SENTINEL, rows=slice(0, n), ref=ref)
         verdicts += check_zero_rows(name, out, rows=slice(n, T))

@@ -113,6 +113,24 @@ def test_a_wrong_row_of_the_second_dp_group_fails_the_c2a_budget(monkeypatch):
     assert row.failing_rows == (1,)
 
 
+def test_swa_and_c2a_use_the_attention_budget_and_c1a_the_strict_row_bound():
+    # reference-facts 6.3 / 6.4: decode_attn_swa and decode_attn_c2a_full compare with the
+    # Attention budget; the strict per-row RMS/peak bound is C1A's
+    budgets = {s.mode: s.budget for s in attention.MODES}
+    assert budgets == {attention.Mode.SWA: "attention", attention.Mode.C2A_FULL: "attention",
+                       attention.Mode.C2A_REUSE: "attention", attention.Mode.C1A_FULL: "row",
+                       attention.Mode.C1A_REINDEX: "row", attention.Mode.C1A_REUSE: "row"}
+
+
+def test_a_swa_row_3_percent_off_fails_the_attention_budget_on_that_row(monkeypatch):
+    def mutate(config, case, inputs, out):
+        out["out"][0, 3] *= 1.03
+    result = run_broken(monkeypatch, "golden_alt_decode_attn_swa", mutate)
+    assert ("g0.out", "row_rel_l2") in failed(result)
+    row = next(v for v in result.verdicts if v.check == "row_rel_l2" and not v.passed)
+    assert row.failing_rows == (3,)
+
+
 def test_a_non_zero_padding_row_fails(monkeypatch):
     def mutate(config, case, inputs, out):
         out["out"][0, 32, 5] = 1.0
