@@ -38,7 +38,7 @@ def test_the_block_passes_and_hands_the_pre_mix_over(run):
 @pytest.mark.parametrize("defect,expected", [
     (lambda a: a["ffn.moe_output"][0, 1, 3].mul_(1.5).add_(0.5), ("ffn.g0.r0.moe_output", "row_rms")),
     (lambda a: a["ffn.x_hc_out"][0, 5, 2].mul_(1.5), ("ffn.g0.r1.x_hc_out", "row_rms")),
-    (lambda a: a["out"][0, 2].mul_(1.5), ("g0.out", "row_rms")),
+    (lambda a: a["out"][0, 2].mul_(1.5), ("g0.out", "row_rel_l2")),  # SWA: the Attention budget
 ])
 def test_a_defect_in_either_half_is_caught_by_name(run, defect, expected):
     _, out, gold = run
