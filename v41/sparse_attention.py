@@ -32,13 +32,18 @@ Kernel algorithm (per token, all local heads at once):
   trace-time value, not a tensor written in place, so no token waits for the previous
   one's state (FLASH TP4 T=16: 2,584 -> 2,232 us estimated).  A fully masked tile or
   token needs no branch: a token without a valid key gives exactly 0.
-* ``P.V`` as two BF16 products with FP32 accumulation, ``P = P_hi + P_lo`` (``P_hi`` the
-  BF16 cast, ``P_lo`` the BF16 cast of the remainder: ~16 mantissa bits), so the
-  probabilities are FP32-grade as in the golden.  (A single BF16 cast, ~2^-9 relative per
-  probability, passes this leaf's bound but not the half-layer's: the o_proj MXFP8
-  activation quantization turns the small differences into rounding flips, 1.16x the
-  per-row RMS bound on decode SWA TINY.)  Cost: a second ``[h, tile] x [tile, d]``
-  product per tile, cube work the memory-bound decode has to spare.
+* ``P.V`` as three BF16 products with FP32 accumulation, ``P = P_hi + P_mid + P_lo``
+  (each the BF16 cast of what the previous terms leave; the remainders are exact, so the
+  three terms hold all 24 bits of the FP32 probability): the probabilities are the
+  golden's FP32 ones.  A single BF16 cast (~2^-9 relative per probability) fails the
+  half-layer's row bound, 1.16x on decode SWA TINY: the o_proj MXFP8 activation
+  quantization turns the small differences into rounding flips.  Two terms (~16 bits)
+  still left 5-12 one-ulp output flips per rank at TINY, one of which crossed an MXFP8
+  code and failed the reserved TP4 batch of C1A Reindex (row 29, 1.024x the RMS bound);
+  with three terms those ranks' outputs equal the golden bit for bit.  The three terms
+  are stacked into one ``[3h, tile] x [tile, d]`` product and summed over the stack:
+  fewer tasks than the two separate products before (TINY C1A Reindex TP4 leaf 411.9 ->
+  403.0 us estimated; three separate products: 421.4 us).
 * output ``acc / l`` cast once to BF16.
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
@@ -198,15 +203,20 @@ def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
     alpha = pypto.exp(pypto.sub(m_run, m_new))
     p = pypto.exp(pypto.sub(s, m_new))
     l_new = pypto.add(pypto.mul(l_run, alpha), pypto.sum(p, -1, keepdim=True))
-    # P.V with P split into two BF16 terms (hi + lo, ~16 mantissa bits): FP32-grade
-    # probabilities on the BF16 cube, as the golden keeps them
+    # P.V with P split exactly into three BF16 terms (hi + mid + lo, 24 mantissa bits):
+    # the FP32 probabilities on the BF16 cube, as the golden keeps them
     p_hi = pypto.cast(p, pypto.DT_BF16)
-    p_lo = pypto.cast(pypto.sub(p, pypto.cast(p_hi, pypto.DT_FP32)), pypto.DT_BF16)
-    pypto.set_cube_tile_shapes(*cube_tiles(h, tile, d, 2))
-    pv_hi = pypto.matmul(p_hi, kb, pypto.DT_FP32)  # [h, d]
-    pv_lo = pypto.matmul(p_lo, kb, pypto.DT_FP32)
+    r_hi = pypto.sub(p, pypto.cast(p_hi, pypto.DT_FP32))  # exact
+    p_mid = pypto.cast(r_hi, pypto.DT_BF16)
+    p_lo = pypto.cast(pypto.sub(r_hi, pypto.cast(p_mid, pypto.DT_FP32)), pypto.DT_BF16)
+    # one product for the three terms: [3h, tile] x [tile, d]
+    pypto.set_vec_tile_shapes(h, tile)
+    p3 = pypto.concat([p_hi, p_mid, p_lo], 0)
+    pypto.set_cube_tile_shapes(*cube_tiles(3 * h, tile, d, 2))
+    pv3 = pypto.matmul(p3, kb, pypto.DT_FP32)  # [3h, d]
+    pypto.set_vec_tile_shapes(3, h, d)  # sum over the stack of three
+    pv = pypto.reshape(pypto.sum(pypto.reshape(pv3, [3, h, d]), 0), [h, d])
     pypto.set_vec_tile_shapes(h, d)
-    pv = pypto.add(pv_hi, pv_lo)
     return m_new, l_new, pypto.add(pypto.mul(acc, alpha), pv)
 
 
