@@ -31,8 +31,8 @@ FLASH launch peaked at 19.7 GB).
 
 Comparison: the contract per-row bound on every (token, head) row of ``out``, the sentinel
 check (every row written) and exact zeros for tokens without a key.  The golden keeps
-probabilities FP32; the kernel splits them into two BF16 terms before P.V (about 16
-mantissa bits), a difference the bound absorbs.
+probabilities FP32; the kernel splits them exactly into three BF16 terms before P.V, so
+only FP32 summation order differs.
 """
 
 from __future__ import annotations
