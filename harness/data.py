@@ -27,9 +27,10 @@ from harness.case import WIRINGS, Case
 
 TENSOR_FILES = ("inputs", "golden", "actual")
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 2  # 2: every field below is required, verify_level recorded
-MANIFEST_FIELDS = ("format", "case", "case_id", "sut", "status", "verify_level", "verdicts",
-                   "costs", "sha256", "versions")
+FORMAT_VERSION = 3  # 2: every field below required, verify_level; 3: sut kind + sut_label
+MANIFEST_FIELDS = ("format", "case", "case_id", "sut", "sut_label", "status", "verify_level",
+                   "verdicts", "costs", "sha256", "versions")
+SUT_KINDS = ("kernel", "golden-alt")  # manifest "sut"; "sut_label" is "<kind>:<name>"
 SAVED_STATUSES = ("pass", "fail")  # a case is saved only once it was compared
 VERDICT_FIELDS = {"output": str, "check": str, "passed": bool, "row": str, "measured": float,
                   "bound": float, "relation": str}
@@ -81,7 +82,8 @@ def save_case(root: str | Path, result, inputs, golden, actual) -> Path:
         "format": FORMAT_VERSION,
         "case": asdict(result.case),
         "case_id": result.case.case_id,
-        "sut": result.sut,
+        "sut": result.sut_kind,
+        "sut_label": result.sut,
         "status": result.status,
         "verify_level": getattr(result, "verify_level", None),
         "verdicts": [{"output": v.output, "check": v.check, "passed": v.passed,
@@ -159,8 +161,12 @@ def manifest_case(manifest: dict, where: str | Path = MANIFEST) -> Case:
     case = Case(**axes)
     if manifest["case_id"] != case.case_id:
         bad("case_id", f"{manifest['case_id']!r} is not the id of the case axes ({case.case_id!r})")
-    if not isinstance(manifest["sut"], str) or not manifest["sut"]:
-        bad("sut", f"{manifest['sut']!r} is not a system-under-test label")
+    if manifest["sut"] not in SUT_KINDS:
+        bad("sut", f"{manifest['sut']!r} is not one of {SUT_KINDS}")
+    label = manifest["sut_label"]
+    if not isinstance(label, str) or not label.startswith(f"{manifest['sut']}:") \
+            or label == f"{manifest['sut']}:":
+        bad("sut_label", f"{label!r} is not '{manifest['sut']}:<name>'")
     if manifest["status"] not in SAVED_STATUSES:
         bad("status", f"{manifest['status']!r} is not one of {SAVED_STATUSES}")
     if not (manifest["verify_level"] is None or isinstance(manifest["verify_level"], str)):

@@ -84,7 +84,7 @@ def replay_folder(folder, expect_wiring: str | None = None, rerun: bool = False,
     except DataError as err:
         return ReplayResult(str(folder), _label(folder), "error", reason=str(err), mode=mode)
     res = ReplayResult(str(folder), case.case_id, "error", manifest["status"], mode=mode,
-                       sut=manifest["sut"], verify_level=manifest["verify_level"])
+                       sut=manifest["sut_label"], verify_level=manifest["verify_level"])
     where = f"{folder}/{MANIFEST}"
     try:
         entry = registry.get(case.entry)

@@ -45,7 +45,9 @@ def test_the_reported_case_folder_replays_and_reruns(saved):
     assert case["sut"] == "kernel:rmsnorm" and case["status"] == "pass"
     folder = case["data_dir"]
     assert folder.startswith("out/data/replicated/")
-    level = json.loads((cwd / folder / "manifest.json").read_text())["verify_level"]
+    manifest = json.loads((cwd / folder / "manifest.json").read_text())
+    assert (manifest["sut"], manifest["sut_label"]) == ("kernel", "kernel:rmsnorm")
+    level = manifest["verify_level"]
     assert isinstance(level, str) and level  # a kernel ran on a5sim at a verify level
     plain = _run(["harness.replay", folder], cwd)
     assert plain.returncode == 0, plain.stdout + plain.stderr
