@@ -22,7 +22,11 @@ reports (``tests/platforms/test_a5sim_estimate_only.py`` checks rmsnorm, window_
 sparse_attention at TINY; the decode leaves and compositions were compared case by case),
 at a fraction of the interpreter's time and memory, so FLASH shapes the interpreter cannot
 afford still get a figure.  Its rows say ``status: estimate`` and ``verify_level: cost``:
-nothing was computed or compared in that run.
+nothing was computed or compared in that run.  Its fixtures give the routed experts as
+constant placeholders of the right shapes (:func:`harness.fixtures.weight_placeholders`;
+384 FLASH experts would take ~45 min to quantize and 5.8 GB per copy): the estimate reads
+shapes and integer metadata only (``tests/platforms/test_a5sim_estimate_only.py`` checks
+the TINY ``moe`` and ``routed_experts`` figures are the same with real weights).
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
 (:mod:`harness.plots.roofline`).
 
@@ -194,6 +198,15 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
                   "not computed or compared in this run.", highlight=False)
 
 
+def _fixture_mode(estimate_only: bool):
+    """Estimate-only runs build fixtures with placeholder expert weights (see
+    :func:`harness.fixtures.weight_placeholders`); validated runs build the real ones."""
+    import contextlib
+
+    from harness.fixtures import weight_placeholders
+    return weight_placeholders() if estimate_only else contextlib.nullcontext()
+
+
 def _run(case: Case, estimate_only: bool):
     """The case's result: validated (``run_case``), or on an estimate-only a5sim platform."""
     from harness.runner import run_case
@@ -275,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         entry = registry.get(case.entry)
         try:
-            work = case_work(entry, case)
+            with _fixture_mode(args.estimate_only):
+                work = case_work(entry, case)
         except (ValueError, RuntimeError) as err:  # e.g. a --tokens its fixture cannot build
             print(f"{case.case_id}: not run: {type(err).__name__}: {err}", file=sys.stderr)
             bad += 1
             continue
         roofline(work, plat)  # a bad declaration fails before the run
-        r = _run(case, args.estimate_only)
+        with _fixture_mode(args.estimate_only):
+            r = _run(case, args.estimate_only)
         bad += r.status != ("estimate" if args.estimate_only else "pass")
         rows.append(bench_row(case, r, work, plat, topo))
         if args.json:

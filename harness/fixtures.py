@@ -8,6 +8,8 @@ nonidentity permutations so an index slip reads the wrong page.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 
 import torch
@@ -77,5 +79,34 @@ def split_lengths(total: int, requests: int, seed: int, tag: str,
     return [edges[i + 1] - edges[i] + floor for i in range(requests)]
 
 
+_PLACEHOLDERS = contextvars.ContextVar("v41_weight_placeholders", default=False)
+
+
+@contextlib.contextmanager
+def weight_placeholders():
+    """Within this block :func:`placeholders_wanted` is True: a fixture may give its routed
+    expert weights as constant placeholders (right names, shapes and dtypes, broadcast views,
+    no values drawn or quantized).  Only for estimate-only runs (``harness.bench
+    --estimate-only``): the cost model reads shapes and integer metadata, never weight
+    values, and such a run computes and compares nothing."""
+    token = _PLACEHOLDERS.set(True)
+    try:
+        yield
+    finally:
+        _PLACEHOLDERS.reset(token)
+
+
+def placeholders_wanted() -> bool:
+    """True inside :func:`weight_placeholders`."""
+    return _PLACEHOLDERS.get()
+
+
+def is_broadcast(t: torch.Tensor) -> bool:
+    """A broadcast view: stride 0 on an axis longer than 1 (a placeholder weight)."""
+    return any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape))
+
+
 def clone_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in tensors.items()}
+    """Independent copies for a SUT or golden.  Broadcast views (placeholders, read only)
+    are passed as they are: cloning would materialize them."""
+    return {k: v if is_broadcast(v) else v.clone() for k, v in tensors.items()}

@@ -26,19 +26,6 @@ import torch
 from harness.case import Case
 from harness.entries import routed_experts as re_entry
 
-CODE_ZERO = 0  # E2M1 code pair of two zeros
-SCALE_ONE = 127  # E8M0 code of 2^0
-
-
-def constant_weights(config) -> dict:
-    """Every expert's packed weights as broadcast views of one constant expert."""
-    d, i, e = config.hidden_size, config.moe.intermediate_size, config.moe.n_routed_experts
-    shapes = {"w1": (i, d // 2), "w1_scale": (i, d // 32), "w3": (i, d // 2),
-              "w3_scale": (i, d // 32), "w2": (d, i // 2), "w2_scale": (d, i // 32)}
-    return {n: torch.full((1, *s), SCALE_ONE if n.endswith("_scale") else CODE_ZERO,
-                          dtype=torch.uint8).expand(e, *s) for n, s in shapes.items()}
-
-
 def rank_estimates(platform, config, case: Case) -> list[dict]:
     """Per EP rank: ``rank``, dispatched ``rows``, ``experts_with_rows``, ``launches`` and
     the summed ``aicore_e2e_us`` (None for a rank with nothing to launch)."""
@@ -46,7 +33,7 @@ def rank_estimates(platform, config, case: Case) -> list[dict]:
     ranks = re_entry.ranks(case)
     cap = re_entry.capacity(config, case, inputs["indices"])
     inputs["y"] = torch.empty((ranks, cap, 0), dtype=torch.bfloat16)  # rank_inputs reads cap
-    inputs.update(constant_weights(config))
+    inputs.update(re_entry.placeholder_weights(config))
     re_entry.validate_routing(config, case, inputs)
     n_local = config.moe.n_routed_experts // ranks
     out = []

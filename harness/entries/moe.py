@@ -21,7 +21,8 @@ Fixture (``case.dp`` groups of ``case.tokens`` rows, ``case.group_active(g)`` ac
 ``g{g}.x_hc`` FP32 ``[T, hc, D]`` (BF16 values), ``g{g}.pre_in`` FP32 ``[T, hc]`` (the
 attention site's pre-mix), the FFN site's ``w.hc.{fn,scale,base}``, ``w.ffn_norm`` BF16,
 ``w.gate.{weight,bias}`` FP32, the shared expert ``w.shared.*`` (MXFP8) and the routed
-experts ``w.routed.*`` (packed MXFP4, stacked ``[E, ...]``).  Outputs ``x_hc_out`` FP32
+experts ``w.routed.*`` (packed MXFP4, stacked ``[E, ...]``; constant broadcast placeholders
+inside :func:`harness.fixtures.weight_placeholders`, for estimate-only runs).  Outputs ``x_hc_out`` FP32
 ``[dp, T, hc, D]``, ``pre_out`` FP32 ``[dp, T, hc]`` and ``moe_output`` BF16 ``[dp, T, D]`` (the
 block output ``hc_post`` consumes), sentinel-filled; every row of every slab is written:
 the mHC kernels run on inactive rows too, whose MoE output is exact zero.
@@ -48,7 +49,7 @@ from harness.compare import check_row_bound, check_sentinel, check_zero_rows
 from harness.entries import attention_kernels, routed_experts
 from harness.entries.hc_pre import pre_mix, residual_lanes
 from harness.ep_transport import EpGroup
-from harness.fixtures import SENTINEL, randn, sentinel, uniform
+from harness.fixtures import SENTINEL, placeholders_wanted, randn, sentinel, uniform
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 _I32 = torch.int32
@@ -57,13 +58,16 @@ EXPERT_FIELDS = ExpertWeights._fields  # w1, w1_scale, w3, w3_scale, w2, w2_scal
 
 # ---- fixture and golden ----------------------------------------------------------------------
 
-def _experts(config, seed: int) -> tuple[ExpertWeights, list[ExpertWeights]]:
+def _experts(config, seed: int) -> tuple[ExpertWeights, list[ExpertWeights] | None]:
+    """The shared expert and the routed experts, quantized by the golden's rules; inside
+    :func:`harness.fixtures.weight_placeholders` the routed ones are None (placeholders)."""
     d, i, e = config.hidden_size, config.moe.intermediate_size, config.moe.n_routed_experts
 
     def three(tag):
         return (randn((i, d), seed, f"{tag}/w1", scale=d ** -0.5), randn((i, d), seed, f"{tag}/w3", scale=d ** -0.5),
                 randn((d, i), seed, f"{tag}/w2", scale=i ** -0.5))
-    return quantize_shared_expert(*three("shared")), [quantize_routed_expert(*three(f"e{j}")) for j in range(e)]
+    routed = None if placeholders_wanted() else [quantize_routed_expert(*three(f"e{j}")) for j in range(e)]
+    return quantize_shared_expert(*three("shared")), routed
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -80,9 +84,11 @@ def build_inputs(config, case) -> dict:
             "w.gate.weight": randn((e, d), case.seed, "gate_weight", scale=d ** -0.5),
             "w.gate.bias": randn((e,), case.seed, "gate_bias", scale=0.5)}
     shared, routed = _experts(config, case.seed)
+    placeholders = routed_experts.placeholder_weights(config) if routed is None else None
     for f in EXPERT_FIELDS:
         flat[f"w.shared.{f}"] = _u8(getattr(shared, f))
-        flat[f"w.routed.{f}"] = torch.stack([_u8(getattr(x, f)) for x in routed])
+        flat[f"w.routed.{f}"] = (placeholders[f] if routed is None
+                                 else torch.stack([_u8(getattr(x, f)) for x in routed]))
     for g in range(case.dp):
         gc = case.with_(seed=case.seed + 101 * g)
         flat[f"g{g}.x_hc"] = residual_lanes(config, gc, "ffn_x_hc")

@@ -38,7 +38,7 @@ from goldens.config import local_experts
 from goldens.moe import ExpertWeights, quantize_routed_expert, routed_expert
 from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel, check_zero_rows
-from harness.fixtures import SENTINEL, generator, randn, sentinel
+from harness.fixtures import SENTINEL, generator, placeholders_wanted, randn, sentinel
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
 from harness.registry import Entry, SutOutput, Work, register
 
@@ -78,11 +78,33 @@ def routing(config, case) -> dict:
     return {"x": x, "indices": idx.to(torch.int32), "weights": w.to(torch.float32)}
 
 
+CODE_ZERO = 0  # E2M1 code pair of two zeros
+SCALE_ONE = 127  # E8M0 code of 2^0
+
+
+def placeholder_weights(config) -> dict:
+    """Every routed expert's packed weights ``[E, ...]`` (uint8, the fixture's names) as
+    broadcast views of one constant expert (codes 0, scales 2^0): no memory per expert.
+    For estimate-only runs only (:func:`harness.fixtures.weight_placeholders`)."""
+    d, i, e = config.hidden_size, config.moe.intermediate_size, config.moe.n_routed_experts
+    shapes = {"w1": (i, d // 2), "w1_scale": (i, d // 32), "w3": (i, d // 2),
+              "w3_scale": (i, d // 32), "w2": (d, i // 2), "w2_scale": (d, i // 32)}
+    return {n: torch.full((1, *s), SCALE_ONE if n.endswith("_scale") else CODE_ZERO,
+                          dtype=torch.uint8).expand(e, *s) for n, s in shapes.items()}
+
+
 def build_inputs(config, case):
+    """The fixture; inside :func:`harness.fixtures.weight_placeholders` the expert weights
+    are :func:`placeholder_weights` (estimate-only runs)."""
     m, d = config.moe, config.hidden_size
     e, inter = m.n_routed_experts, m.intermediate_size
     inputs = routing(config, case)
     gu = GU_STD * d ** -0.5
+    if placeholders_wanted():
+        inputs.update(placeholder_weights(config))
+        inputs["y"] = sentinel((ranks(case), capacity(config, case, inputs["indices"]), d),
+                               torch.bfloat16)
+        return inputs
     experts = [quantize_routed_expert(randn((inter, d), case.seed, f"w1/{j}", scale=gu),
                                       randn((inter, d), case.seed, f"w3/{j}", scale=gu),
                                       randn((d, inter), case.seed, f"w2/{j}", scale=inter ** -0.5))

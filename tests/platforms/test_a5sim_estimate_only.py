@@ -78,3 +78,26 @@ def test_the_estimate_depends_on_shapes_not_payload(estimator, pair):
     a, b = (run_case(c, platform=estimator) for c in pair)
     assert a.status == b.status == "estimate"
     assert a.estimated_a5_us() == b.estimated_a5_us()
+
+
+@pytest.mark.parametrize("name", ["routed_experts", "moe"])
+def test_placeholder_expert_weights_give_the_real_weights_estimate(estimator, name):
+    """What lets ``bench --estimate-only`` build FLASH MoE fixtures without quantizing 384
+    experts: constant placeholder weights cost the same as the real ones (a fresh platform
+    for the placeholder run, so no launch is reused from the first run's memo)."""
+    from harness import registry
+    from harness.fixtures import weight_placeholders
+
+    case = registry.get(name).matrix[0]
+    real = run_case(case, platform=estimator)
+    fresh = A5SimPlatform(verify=verify.ESTIMATE_LEVEL)
+    try:
+        with weight_placeholders():
+            placeholder = run_case(case, platform=fresh)
+    finally:
+        fresh.close()
+    assert real.status == placeholder.status == "estimate", (real.reason, placeholder.reason)
+    assert real.estimated_a5_us() is not None
+    assert placeholder.estimated_a5_us() == real.estimated_a5_us()
+    assert ([c["aicore_e2e_us"] for c in placeholder.costs]
+            == [c["aicore_e2e_us"] for c in real.costs])
