@@ -101,3 +101,13 @@ def test_placeholder_expert_weights_give_the_real_weights_estimate(estimator, na
     assert placeholder.estimated_a5_us() == real.estimated_a5_us()
     assert ([c["aicore_e2e_us"] for c in placeholder.costs]
             == [c["aicore_e2e_us"] for c in real.costs])
+
+
+def test_sparse_attention_compiles_at_flash_tp2(estimator):
+    """32 heads a rank (TP2 FLASH, as decode_layer and the prefill leaves run it): the
+    three-term P.V sum once took a (3, 32, 512) FP32 vector tile, over the A5's UB, and
+    pypto's schedule pass refused the kernel; only the FLASH bench showed it."""
+    r = run_case(Case(entry="sparse_attention", tp=2, tokens=2, preset="flash"),
+                 platform=estimator)
+    assert r.status == "estimate", r.failure_text()
+    assert r.estimated_a5_us() is not None
