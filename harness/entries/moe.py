@@ -15,7 +15,9 @@ combine returns every row to its token owner in ascending expert order, where
 and ``v41.hc_post`` forms the new streams.  The host does metadata, transports and
 orchestration only.  Epochs repeat the same inputs (a rank's identical launches are reused
 from the launch memo).  An estimate-only run (a5sim ``cost`` level) computes no router
-output, so its dispatch follows :func:`balanced_routes`.
+output, so its dispatch follows :func:`balanced_routes`, and an EP rank whose packed
+experts pass ``routed_experts.ESTIMATE_RANK_BYTES`` (a FLASH rank) is estimated expert by
+expert (:func:`harness.entries.routed_experts.estimate_rank_per_expert`).
 
 Fixture (``case.dp`` groups of ``case.tokens`` rows, ``case.group_active(g)`` active):
 ``g{g}.x_hc`` FP32 ``[T, hc, D]`` (BF16 values), ``g{g}.pre_in`` FP32 ``[T, hc]`` (the
@@ -278,11 +280,17 @@ def site_epoch(platform, config, case, inputs, launchers, group: EpGroup, epoch:
         if rows == 0:
             group.publish_combine(rank, epoch, torch.zeros(0, d, dtype=torch.bfloat16))
             continue
-        y = launchers[rank]("v41.routed_experts", {"rows": rows, "ep": ep},
-                            {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
-                             "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)},
-                            validate=lambda a: routed_experts.validate_launch(config, a),
-                            options=opts("v41.routed_experts"))["y"]
+        args = {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
+                "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)}
+        if routed_experts.split_per_expert(platform, config, case):  # a FLASH rank, estimate only
+            routed_experts.estimate_rank_per_expert(
+                platform, config, case, rank, args,
+                variants.get("v41.routed_experts", "reference"), launch=launchers[rank])
+            y = torch.zeros(rows, d, dtype=torch.bfloat16)  # nothing computed
+        else:
+            y = launchers[rank]("v41.routed_experts", {"rows": rows, "ep": ep}, args,
+                                validate=lambda a: routed_experts.validate_launch(config, a),
+                                options=opts("v41.routed_experts"))["y"]
         group.publish_combine(rank, epoch, y)
     for rank, (g, lo, m, count, x_hc, mixes, shared) in kept.items():  # phase 3: combine, mHC post
         routed, _ = group.collect(rank, epoch)

@@ -245,16 +245,20 @@ def split_per_expert(platform, config, case) -> bool:
 
 
 def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: str = "reference",
-                             i_tile: int | None = None) -> dict | None:
+                             i_tile: int | None = None, launch=None) -> dict | None:
     """One rank's estimate as launches run one after another: one ``local = 1`` launch per
     expert with rows (its rows only, its weights only), then one that writes the padding
     rows (no expert rows: no weight read).  Launches equal in shape and metadata are
-    estimated once (the estimate-only memo).  Returns the rank's summed cost record."""
+    estimated once (the estimate-only memo).  Returns the rank's summed cost record; with
+    ``launch`` (the caller's :class:`RankLauncher`, e.g. the MoE composition's) the records
+    go to that launcher instead and None is returned."""
     from harness.entries._kernel import sequential_cost
     from harness.entries.attention_kernels import RankLauncher, launch_memo
     validate_launch(config, args)
     options = build_options(variant, i_tile)
-    launch = RankLauncher(platform, config, rank, case.preset, memo=launch_memo(platform))
+    own = launch is None
+    if own:
+        launch = RankLauncher(platform, config, rank, case.preset, memo=launch_memo(platform))
     off = [int(v) for v in args["expert_offsets"]]
     cap = args["x"].shape[0]
 
@@ -271,6 +275,8 @@ def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: s
             one(off[j], off[j + 1] - off[j], off[j + 1] - off[j], j)
     if cap > off[-1]:
         one(off[-1], cap - off[-1], 0, 0)
+    if not own:
+        return None
     return sequential_cost(launch.records) if launch.records else None
 
 

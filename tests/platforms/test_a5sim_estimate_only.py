@@ -111,3 +111,24 @@ def test_sparse_attention_compiles_at_flash_tp2(estimator):
                  platform=estimator)
     assert r.status == "estimate", r.failure_text()
     assert r.estimated_a5_us() is not None
+
+
+def test_moe_estimates_a_large_rank_expert_by_expert(estimator, monkeypatch):
+    """A FLASH EP rank's experts do not fit one cost-model task graph in 24 GiB: the MoE
+    composition then estimates them one launch per expert with rows, like the
+    ``routed_experts`` entry (TINY ranks forced to split here)."""
+    from harness import registry
+    from harness.entries import routed_experts
+
+    case = registry.get("moe").matrix[0]
+    whole = run_case(case, platform=estimator)
+    monkeypatch.setattr(routed_experts, "ESTIMATE_RANK_BYTES", 0)
+    fresh = A5SimPlatform(verify=verify.ESTIMATE_LEVEL)
+    try:
+        split = run_case(case, platform=fresh)
+    finally:
+        fresh.close()
+    assert whole.status == split.status == "estimate", (whole.reason, split.reason)
+    assert split.estimated_a5_us() > 0
+    assert [c["rank"] for c in split.costs] == [c["rank"] for c in whole.costs]
+    assert sum(c["launches"] for c in split.costs) > sum(c["launches"] for c in whole.costs)
