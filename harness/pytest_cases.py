@@ -3,7 +3,9 @@ one case as a test.
 
 Node ids are the case ids (they name every axis); the axes tp, dp, ep, wiring and preset
 are separate parameters so ``--tp 4`` selection and the queue runner's card count read
-them.  FLASH-shape cases carry the ``slow`` marker; cases whose system under test on a5sim
+them.  FLASH-shape cases carry the ``slow`` marker; matrix cases outside an entry's
+``representative`` ones carry ``matrix`` (:mod:`harness.pytest_plugin` says when they
+run); cases whose system under test on a5sim
 is a second path through the goldens (no kernel) carry ``golden_alt``, so
 ``-m "not golden_alt"`` runs kernels only.
 
@@ -28,11 +30,16 @@ ARGNAMES = "case,tp,dp,ep,wiring,preset"
 
 
 def entry_params(name: str) -> list:
-    """pytest params of entry ``name``'s default matrix plus its slow cases (marked
-    ``slow``), all marked ``golden_alt`` when the a5sim SUT is the golden-alt path."""
+    """pytest params of entry ``name``'s matrix (the cases outside its ``representative``
+    ones marked ``matrix``) plus its slow cases (marked ``slow``), all marked
+    ``golden_alt`` when the a5sim SUT is the golden-alt path."""
     entry = registry.get(name)
     alt = [pytest.mark.golden_alt] if sut_kind(entry.sut_for("a5sim")[0]) == "golden-alt" else []
-    params = [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id, marks=alt)
+    tier = entry.representative
+
+    def marks(c):
+        return alt if tier is None or c in tier else [pytest.mark.matrix, *alt]
+    params = [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id, marks=marks(c))
               for c in entry.matrix]
     params += [pytest.param(c, c.tp, c.dp, c.ep, c.wiring, c.preset, id=c.case_id,
                             marks=[pytest.mark.slow, *alt]) for c in entry.slow_cases]

@@ -3,6 +3,12 @@
 ``--tp/--dp/--ep/--wiring/--preset`` select: an item whose parameters carry that axis
 with another value is deselected, so ``pytest cases/ -k c1a_reindex --tp 4`` runs exactly
 the tp-4 C1A Reindex cases in one process (shapes are never fixed at import).
+A run that selects nothing itself (no ``-k``, no ``-m`` of its own, no axis option, no
+node id, no ``--full-matrix``, not the queue runner's ``--collect-nodes``) takes only the
+representative cases of the composed entries: items marked ``matrix`` (the rest of their
+TINY matrix, :attr:`harness.registry.Entry.representative`) are deselected and the header
+says how many, so the default run stays within the CI budget; ``python -m harness run
+--all`` and any selecting run take every case.
 ``--platform``, ``--device`` and ``--save-data`` configure the run and reach tests
 through the ``run_options`` fixture.  A ``--tp/--dp/--ep`` value the harness refuses is a
 usage error (exit 4) with the harness's message.
@@ -11,6 +17,7 @@ usage error (exit 4) with the harness's message.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 
 import pytest
@@ -45,6 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--verify", default=None, choices=("tensor", "lowered"),
                 help="a5sim pass verification: tensor graph only (default) or also every "
                      "lowering pass (sets V41_VERIFY for this run and its workers)")
+    g.addoption("--full-matrix", action="store_true",
+                help="also run the matrix-marked cases in a run that selects nothing itself")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,17 +92,40 @@ def _wanted(config: pytest.Config, axis: str):
     return value
 
 
+def _user_args(config: pytest.Config) -> list[str]:
+    """The run's own arguments (command line and PYTEST_ADDOPTS; not the ini's addopts)."""
+    return [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+
+
+def representative_only(config: pytest.Config) -> bool:
+    """Whether ``matrix``-marked items are left out: the run selects nothing itself."""
+    args = _user_args(config)
+    return not (config.getoption("full_matrix") or config.option.keyword
+                or any(a == "-m" or a.startswith("-m") for a in args)
+                or any("::" in a for a in args)
+                or any(_wanted(config, axis) is not None for axis in SELECTING_AXES)
+                or config.getoption("collect_nodes", None))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep, drop = [], []
+    tier = representative_only(config)
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         mismatch = any(
             (want := _wanted(config, axis)) is not None and axis in params and params[axis] != want
             for axis in SELECTING_AXES)
-        (drop if mismatch else keep).append(item)
+        (drop if mismatch or (tier and item.get_closest_marker("matrix")) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if representative_only(config):
+        return ("v41: representative cases only (matrix-marked cases deselected; -k, -m, an axis "
+                "option, a node id or --full-matrix runs them)")
+    return None
 
 
 @pytest.fixture(scope="session")

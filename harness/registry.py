@@ -81,6 +81,9 @@ class Entry:
     alternate: SutFn | None = None
     alternate_label: str = ""
     slow_cases: tuple[Case, ...] = ()  # FLASH-shape cases, run under the `slow` marker
+    # The matrix cases a default pytest run takes (None: all of them); the others carry the
+    # `matrix` marker and run when the run selects (harness.pytest_plugin).
+    representative: tuple[Case, ...] | None = None
     work: WorkFn | None = None  # bytes and FLOPs of one case, for the bench roofline
 
     def sut_for(self, platform: str) -> tuple[str, SutFn | None]:

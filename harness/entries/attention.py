@@ -290,6 +290,7 @@ def _make(spec: ModeSpec, phase: str, sut: str = "golden-alt") -> Entry:
         description=f"{phase} {spec.mode.value} attention half-layer at the preset's representative layer "
                     f"({what}): output, Top-K rows and every cache tensor by ownership, DP groups independent",
         support=support, matrix=matrix, slow_cases=slow,
+        representative=() if kernel else None,
         build_inputs=build_inputs, golden=golden, compare=compare_case,
         kernels={"a5sim": kernel_path, "a5": kernel_path} if kernel else {},
         work=(lambda config, case, inputs: kernels.leaf_work(layer(config))(config, case, inputs)) if kernel else None,

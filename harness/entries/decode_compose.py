@@ -332,20 +332,25 @@ def _make(spec, phase: str = "decode") -> Entry:
     support = Support(phase=phase, tp_sizes=(1, 2, 4, 8), dp_sizes=(1, 2), wirings=wirings,
                       kinds=KINDS, inactive_rows=True)
     matrix, slow = _matrix(name, support) if phase == "decode" else _prefill_matrix(name)
+    # default pytest run: the TP4 sharded reserved-capacity case (the leaf's own TP2 case runs
+    # in tests/platforms/test_a5sim_decode_attn.py); prefill: its one matrix case
+    representative = tuple(c for c in matrix if c.tp == 4 and c.wiring == "sharded") if phase == "decode" else None
 
     description = (f"{phase} {spec.mode.value} mHC composition: hc_mixes, collapse with the incoming pre-mix, "
                    f"attn_norm, the {phase}_attn_{spec.mode.value} leaf, hc_post (v41 kernels per rank"
                    f"{'' if phase == 'decode' else ', residuals token-sharded'})")
     return register_mode_entry(spec, name, description, support, matrix, slow, build_inputs, golden,
-                               compare, kernel_sut, work)
+                               compare, kernel_sut, work, representative=representative)
 
 
 def register_mode_entry(spec, name: str, description: str, support: Support, matrix, slow,
-                        build_inputs, golden, compare, kernel_sut, work) -> Entry:
+                        build_inputs, golden, compare, kernel_sut, work,
+                        representative: tuple | None = None) -> Entry:
     """Register an entry over ``spec``'s representative layer: ``build_inputs(config, case,
     layer)``, ``golden(config, case, inputs, layer)``, ``compare(spec, config, case, inputs,
     gold, actual)``, ``kernel_sut(layer)`` and ``work(layer)``, each run with the small-shape
-    thread setting (:func:`attention_paths.small_shape_threads`)."""
+    thread setting (:func:`attention_paths.small_shape_threads`); ``representative``: the
+    matrix cases of the default pytest run (None: all)."""
     def layer(config):
         return config.representative_layer(spec.mode)
 
@@ -361,7 +366,7 @@ def register_mode_entry(spec, name: str, description: str, support: Support, mat
 
     return register(Entry(
         name=name, description=description,
-        support=support, matrix=matrix, slow_cases=slow,
+        support=support, matrix=matrix, slow_cases=slow, representative=representative,
         build_inputs=guarded(lambda c, k: build_inputs(c, k, layer(c))),
         golden=guarded(lambda c, k, i: golden(c, k, i, layer(c))),
         compare=guarded(lambda c, k, i, g, a: compare(spec, c, k, i, g, a)),

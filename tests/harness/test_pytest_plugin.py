@@ -59,3 +59,37 @@ def test_not_golden_alt_selects_kernel_cases_only():
     kinds = {n: e.sut_for("a5sim")[0].split(":")[0] for n, e in registry.entries().items()}
     assert entries(kernel) and {kinds[n] for n in entries(kernel)} == {"kernel"}
     assert entries(alt) and {kinds[n] for n in entries(alt)} == {"golden-alt"}
+
+
+def test_entry_params_mark_the_cases_outside_the_representative_ones_matrix():
+    import dataclasses
+    base = fakes()["fake_kernel"]
+    matrix = tuple(c.with_(entry="fake_tiered") for c in base.matrix)
+    tiered = dataclasses.replace(base, name="fake_tiered", matrix=matrix, representative=matrix[:1])
+    with registry.registered(tiered, *fakes().values()):
+        marks = [_marks(p) for p in entry_params("fake_tiered")]
+        assert "matrix" not in marks[0] and all("matrix" in m for m in marks[1:])
+        assert not any("matrix" in _marks(p) for p in entry_params("fake_kernel"))
+
+
+def _collected(*argv):
+    """(case ids collected, the header's tier line present)."""
+    p = _pytest("cases/test_attention_modes.py", "--collect-only", *argv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids = {x.split("[", 1)[1].split("]", 1)[0] for x in p.stdout.splitlines() if "test_attention_mode[" in x}
+    return ids, "representative cases only" in p.stdout
+
+
+def test_a_run_that_selects_nothing_takes_the_representative_cases_only():
+    tier, header = _collected()
+    assert header
+    full = {c.case_id for n in ("decode_attn_c1a_reindex", "decode_c1a_reindex")
+            for c in registry.get(n).matrix}
+    rep = {c.case_id for c in registry.get("decode_c1a_reindex").representative}
+    assert rep and full & tier == rep  # the leaf's cases run in tests/platforms/test_a5sim_decode_attn.py
+    for argv in (("-m", "not slow"), ("--full-matrix",)):
+        everything, header = _collected(*argv)
+        assert full <= everything and not header, argv
+    picked, _ = _collected("-k", "c1a_reindex", "--tp", "4")
+    assert {c.case_id for n in ("decode_attn_c1a_reindex", "decode_c1a_reindex")
+            for c in registry.get(n).matrix if c.tp == 4} <= picked

@@ -5,7 +5,8 @@ row, a write outside the mode's cache ownership, a non-zero inactive row; a rank
 partial never reaches the transport window fails the run naming the stale rank; bad
 metadata is refused on the host before anything is compiled or launched.
 
-Cost: a mode's kernels run once (its tests are grouped by the module-scoped ``mode``).  The
+Cost: a mode's kernels run once, in one test (under xdist's one-test-at-a-time scheduling two
+tests sharing the module-scoped run would each build it on their own worker).  The
 stale-window run is made by the same fixture right after the real run, so every launch in
 it reuses one of that run's launches (``attention_kernels.launch_key``): host work only.
 """
@@ -74,8 +75,8 @@ def _compare(case, out, gold):
     return entry.compare(case.config, case, entry.build_inputs(case.config, case), gold, out)
 
 
-def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(run, mode):
-    case, verdicts, out, gold, _ = run
+def test_kernel_leaf_passes_and_each_defect_and_a_stale_window_are_caught_by_name(run, mode):
+    case, verdicts, out, gold, stale = run
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
 
     bad = clone_tensors(out)
@@ -96,9 +97,7 @@ def test_kernel_leaf_passes_and_each_defect_is_caught_by_name(run, mode):
     assert failing(_compare(case, bad, gold)) == {("g0.out", "zero_rows"), ("g0.out_ranks", "zero_rows")} \
         or failing(_compare(case, bad, gold)) == {("g0.out", "zero_rows")}
 
-
-def test_a_stale_transport_window_fails_naming_the_rank(run):
-    stale = run[-1]  # its launches were reused (same inputs): host work only
+    # rank 1's partial never reached the reduce window (the run's launches reused: host work)
     assert isinstance(stale, TransportError), f"expected TransportError, got {stale!r}"
     assert re.search(r"ranks \[1\] have not published", str(stale)), str(stale)
 

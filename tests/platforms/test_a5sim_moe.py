@@ -30,32 +30,33 @@ def run(a5sim):
     return verdicts, out, gold
 
 
-def test_moe_composition_passes_and_crosses_ranks(run):
+DEFECTS = [
+    (lambda a: a["moe_output"][0, 2, 7].mul_(1.5).add_(0.5), ("g0.r0.moe_output", "row_rms")),
+    (lambda a: a["moe_output"][0, 7, 0].fill_(1.0), ("g0.r0.moe_output", "zero_rows")),
+    (lambda a: a["x_hc_out"][1, 3, 1].mul_(1.5), ("g1.r0.x_hc_out", "row_rms")),
+]
+WRONG_KERNELS = [("v41.routed_experts", "swap_nibbles"), ("v41.shared_expert", "silu_on_u"),
+                 ("v41.moe_combine", "drop_last_expert")]
+
+
+def test_moe_composition_passes_crosses_ranks_and_each_defect_is_caught_by_name(a5sim, run):
+    """One test over the one kernel run (several would each build it on their own xdist
+    worker); each wrong kernel variant reruns the composition, reusing the run's other
+    launches."""
     verdicts, out, gold = run
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     n = CASE.group_active(0)
     assert bool((gold["moe_output"][0, :n] != 0).any()) and bool((out["moe_output"][1] == 0).all())
 
-
-@pytest.mark.parametrize("defect,expected", [
-    (lambda a: a["moe_output"][0, 2, 7].mul_(1.5).add_(0.5), ("g0.r0.moe_output", "row_rms")),
-    (lambda a: a["moe_output"][0, 7, 0].fill_(1.0), ("g0.r0.moe_output", "zero_rows")),
-    (lambda a: a["x_hc_out"][1, 3, 1].mul_(1.5), ("g1.r0.x_hc_out", "row_rms")),
-])
-def test_each_output_defect_is_caught_by_name(run, defect, expected):
-    _, out, gold = run
-    actual = clone_tensors(out)
-    defect(actual)
     inputs = ENTRY.build_inputs(CASE.config, CASE)
-    assert expected in failing(ENTRY.compare(CASE.config, CASE, inputs, gold, actual))
+    for defect, expected in DEFECTS:
+        actual = clone_tensors(out)
+        defect(actual)
+        assert expected in failing(ENTRY.compare(CASE.config, CASE, inputs, gold, actual)), expected
 
-
-@pytest.mark.parametrize("module,variant", [("v41.routed_experts", "swap_nibbles"),
-                                            ("v41.shared_expert", "silu_on_u"),
-                                            ("v41.moe_combine", "drop_last_expert")])
-def test_a_wrong_kernel_inside_the_composition_is_caught(a5sim, run, module, variant):
-    verdicts, _, _ = run_with(a5sim, CASE, moe.make_sut({module: variant}))
-    assert ("g0.r0.moe_output", "row_rms") in failing(verdicts)
+    for module, variant in WRONG_KERNELS:
+        verdicts, _, _ = run_with(a5sim, CASE, moe.make_sut({module: variant}))
+        assert ("g0.r0.moe_output", "row_rms") in failing(verdicts), (module, variant)
 
 
 def test_an_ep_world_that_is_not_dp_times_tp_is_refused_before_any_launch():
