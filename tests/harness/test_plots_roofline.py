@@ -109,3 +109,28 @@ def test_no_matplotlib_import_unless_a_plot_is_drawn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+def test_a_kernel_without_arithmetic_goes_on_the_bandwidth_panel():
+    base = {"entry": "rmsnorm", "tokens": 7, "tp": 1, "preset": "flash", "bound": "memory",
+            "flops": {"vector_fp32": 4000}, "bytes": 1000, "topology": {}, "status": "pass"}
+    gather = dict(base, entry="rope_rows", case="gather", flops={}, bytes=3_000_000, estimated_us=2.0)
+    rows = [dict(base, case="ok", estimated_us=2.0), gather,
+            dict(gather, case="nobytes", bytes=0, tokens=9)]
+    fig, data = roofline_figure(rows, PLAT.hbm_bytes_per_s, PLAT.peaks)
+    assert [p["case"] for p in data["points"]] == ["ok"] and data["left_off"] == ["nobytes"]
+    (moved,) = data["bandwidth_points"]
+    assert moved["case"] == "gather" and moved["label"] == "rope_rows T=7"
+    assert moved["tbps"] == pytest.approx(3_000_000 / 2e-6 / 1e12, rel=1e-12)
+    assert data["roofs"]["bandwidth"]["y"][0] == pytest.approx(PLAT.hbm_bytes_per_s / 1e12)
+    assert any("rope_rows T=9 (no bytes declared)" in t.get_text() for t in fig.texts)
+
+
+def test_many_points_are_numbered_with_a_key_of_names_estimates_and_ratios():
+    base = {"entry": "rmsnorm", "tp": 1, "preset": "flash", "bound": "memory", "status": "pass",
+            "flops": {"vector_fp32": 4000}, "bytes": 1000, "topology": {}, "ratio": 2.5}
+    rows = [dict(base, case=f"c{t}", tokens=t, estimated_us=1.0 + t) for t in range(1, 21)]
+    fig, data = roofline_figure(rows, PLAT.hbm_bytes_per_s, PLAT.peaks)
+    assert [p["label"] for p in data["points"]] == [f"rmsnorm T={t}" for t in range(1, 21)]
+    key = "\n".join(t.get_text() for a in fig.axes for t in a.texts if "\n" in t.get_text())
+    assert " 20  rmsnorm T=20  21.0 us  2.5x" in key
