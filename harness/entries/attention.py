@@ -221,12 +221,13 @@ def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[C
     replicated one with a reserved-capacity batch (8 rows, 7 active, kind ``masked``: a
     disabled state block and a request without prefix), the sharded one kind ``sink``
     with two epochs; the TP4 reserved-capacity batch (33 rows, 31 active, six requests)
-    replicated (the compositions ``decode_<mode>`` run it sharded); FLASH T=192 at one
-    TP4 group under ``slow``."""
+    replicated with two epochs, as the contract's reserved case is for every mode (the
+    compositions ``decode_<mode>`` run it sharded); FLASH T=192 at one TP4 group under
+    ``slow``."""
     base = Case(entry=name, tokens=8, requests=3)
     leaf = standard_matrix(name, support, base, "leaf")
     cases = [leaf[0].with_(kind="masked", active_tokens=7), leaf[1].with_(kind="sink", epochs=2),
-             base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked")]
+             base.with_(tp=4, tokens=33, active_tokens=31, requests=6, epochs=2, kind="masked")]
     slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),)
     return tuple(cases), slow
 
