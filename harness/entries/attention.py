@@ -199,18 +199,21 @@ def compare(spec: ModeSpec, config, case, inputs, gold, actual) -> list:
 
 # ---- entries ----------------------------------------------------------------------------------
 
+# the contract's reserved-capacity TP4 batch (33 rows, 31 active, six requests)
+RESERVED_TP4 = dict(tp=4, tokens=33, active_tokens=31, requests=6)
+
+
 def _matrix(name: str, phase: str, support: Support) -> tuple[tuple[Case, ...], tuple[Case, ...]]:
-    reserved = dict(tp=4, tokens=33, active_tokens=31, requests=6)
     if phase == "decode":
         base = Case(entry=name, tokens=8, requests=3)
         cases = standard_matrix(name, support, base, "composing")
         cases = [c.with_(kind=k) for c, k in zip(cases, ("mixed", "long", "masked", "sink"))]
         cases += [base.with_(tp=2, dp=2, kind="zero", epochs=2),
-                  base.with_(wiring="sharded", kind="mixed", **reserved)]
+                  base.with_(wiring="sharded", kind="mixed", **RESERVED_TP4)]
     else:
         base = Case(entry=name, tokens=24, requests=3)
         cases = [c.with_(kind=k) for c, k in zip(standard_matrix(name, support, base, "tp_only"), ("mixed", "long"))]
-        cases += [base.with_(kind="masked", **reserved), base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),
+        cases += [base.with_(kind="masked", **RESERVED_TP4), base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),
                   base.with_(tokens=12, requests=2, kind="zero")]
     slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),) if phase == "decode" else ()
     return tuple(cases), slow
@@ -227,7 +230,7 @@ def _leaf_matrix(name: str, support: Support) -> tuple[tuple[Case, ...], tuple[C
     base = Case(entry=name, tokens=8, requests=3)
     leaf = standard_matrix(name, support, base, "leaf")
     cases = [leaf[0].with_(kind="masked", active_tokens=7), leaf[1].with_(kind="sink", epochs=2),
-             base.with_(tp=4, tokens=33, active_tokens=31, requests=6, epochs=2, kind="masked")]
+             base.with_(epochs=2, kind="masked", **RESERVED_TP4)]
     slow = (Case(entry=name, tp=4, tokens=192, requests=32, preset="flash"),)
     return tuple(cases), slow
 
@@ -241,7 +244,7 @@ def _prefill_leaf_matrix(name: str) -> tuple[tuple[Case, ...], tuple[Case, ...]]
     base = Case(entry=name, tokens=24, requests=3)
     cases = (base.with_(tp=2, dp=2, tokens=16, kind="sink", epochs=2),)
     slow = (base.with_(kind="mixed"),
-            base.with_(tp=4, tokens=33, active_tokens=31, requests=6, kind="masked"),
+            base.with_(kind="masked", **RESERVED_TP4),
             base.with_(tp=4, kind="long"),
             base.with_(tokens=12, requests=2, kind="zero"))
     return cases, slow
