@@ -30,6 +30,9 @@ the TINY ``moe`` and ``routed_experts`` figures are the same with real weights).
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
 (:mod:`harness.plots.roofline`).
 
+``--forward [--tokens T --tp --dp --ep]`` estimates one decode step of the whole model instead
+(:mod:`harness.forward_bench`: each distinct piece once, times its count in the schedule).
+
 Each row also carries the slowest rank's ``compile_s`` (pypto's compile, timed in the
 worker, summed over the rank's launches) and ``tasks`` (the cost model's task count):
 ``--tokens 4 --tokens 48 --tokens 192`` shows how both grow with the token count.
@@ -239,12 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate", action="store_true",
                     help="the first TINY case of each named entry; without names the CI set "
                          "(every building block, one decode composition per attention family)")
+    ap.add_argument("--forward", action="store_true",
+                    help="one decode step of the whole model at --tp/--dp/--ep and --tokens "
+                         "rows per DP group (cost model; harness.forward_bench)")
+    for axis, default in (("tp", 4), ("dp", 2), ("ep", 8)):
+        ap.add_argument(f"--{axis}", type=int, default=None,
+                        help=f"with --forward (default {default})")
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--save-baseline", metavar="FILE", default=None,
                       help="write these cases' estimates to FILE (JSON baseline)")
     base.add_argument("--check", metavar="FILE", default=None,
                       help="fail (exit 1) when a case's estimate is > 5 %% above FILE's")
     args = ap.parse_args(argv)
+    if args.forward or any(v is not None for v in (args.tp, args.dp, args.ep)):
+        return _forward(args)
     from harness import bench_baseline as bb
     flag_problem = (bb.refuse_gate_flags(args.gate, args.preset, args.tokens)
                     or (args.save_baseline and bb.check_save_path(args.save_baseline)))
@@ -322,6 +333,54 @@ def main(argv: list[str] | None = None) -> int:
         bb.report(lines, args.check, Console(stderr=args.json, width=200))
         bad += bb.failed(lines)
     return 1 if bad else 0
+
+
+def _forward(args) -> int:
+    """``--forward``: every distinct piece of one decode step estimated once, then summed by
+    :mod:`harness.forward_bench` (rows of pieces go to stderr with ``--json``)."""
+    from harness import forward_bench as fb
+
+    if not args.forward:
+        return _refuse("bench: --tp/--dp/--ep are axes of --forward")
+    clash = [flag for flag, on in (("entry names", args.entries), ("--gate", args.gate),
+                                   ("--plot", args.plot), ("--save-baseline", args.save_baseline),
+                                   ("--check", args.check)) if on]
+    if clash:
+        return _refuse(f"bench: --forward takes no {clash[0]}")
+    if args.tokens and len(args.tokens) > 1:
+        return _refuse("bench: --forward takes one --tokens (rows per DP group)")
+    dep = fb.Deployment(preset=args.preset or "flash",
+                        tokens=args.tokens[0] if args.tokens else fb.Deployment.tokens,
+                        tp=args.tp or fb.Deployment.tp, dp=args.dp or fb.Deployment.dp,
+                        ep=args.ep or fb.Deployment.ep)
+    problem = fb.check(dep)
+    if problem:
+        return _refuse(f"bench: {problem}")
+    plat, topo, rows = topology.read_platform(), _topology_record(), {}
+    for key, case in fb.step_cases(dep).items():
+        entry = registry.get(case.entry)
+        with _fixture_mode(True):
+            work = case_work(entry, case)
+            r = _run(case, True)
+        rows[key] = bench_row(case, r, work, plat, topo)
+        print(f"{key}: {case.case_id}: {rows[key]['status']} {rows[key]['estimated_us']} us "
+              f"(wall {rows[key]['wall_s']} s){'; ' + rows[key]['reason'] if r.status != 'estimate' else ''}",
+              file=sys.stderr, flush=True)
+    try:
+        step = fb.summarize(dep, rows)
+    except ValueError as err:
+        return _refuse(f"bench: --forward: {err}", code=1)
+    step["pieces"] = rows
+    if args.json:
+        print(json.dumps(step))
+    else:
+        fb.print_step(step)
+    return 0
+
+
+def _refuse(message: str, code: int = 2) -> int:
+    print(message, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":
