@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forward", action="store_true",
                     help="one decode step of the whole model at --tp/--dp/--ep and --tokens "
                          "rows per DP group (cost model; harness.forward_bench)")
+    ap.add_argument("--rows", metavar="FILE", action="append", default=None,
+                    help="with --forward: take a piece whose case id is in these `--json` "
+                         "outputs from them instead of estimating it again")
     for axis, default in (("tp", 4), ("dp", 2), ("ep", 8)):
         ap.add_argument(f"--{axis}", type=int, default=None,
                         help=f"with --forward (default {default})")
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     base.add_argument("--check", metavar="FILE", default=None,
                       help="fail (exit 1) when a case's estimate is > 5 %% above FILE's")
     args = ap.parse_args(argv)
-    if args.forward or any(v is not None for v in (args.tp, args.dp, args.ep)):
+    if args.forward or args.rows or any(v is not None for v in (args.tp, args.dp, args.ep)):
         return _forward(args)
     from harness import bench_baseline as bb
     flag_problem = (bb.refuse_gate_flags(args.gate, args.preset, args.tokens)
@@ -341,7 +344,7 @@ def _forward(args) -> int:
     from harness import forward_bench as fb
 
     if not args.forward:
-        return _refuse("bench: --tp/--dp/--ep are axes of --forward")
+        return _refuse("bench: --tp/--dp/--ep and --rows are options of --forward")
     clash = [flag for flag, on in (("entry names", args.entries), ("--gate", args.gate),
                                    ("--plot", args.plot), ("--save-baseline", args.save_baseline),
                                    ("--check", args.check)) if on]
@@ -357,7 +360,16 @@ def _forward(args) -> int:
     if problem:
         return _refuse(f"bench: {problem}")
     plat, topo, rows = topology.read_platform(), _topology_record(), {}
+    try:
+        saved = fb.saved_pieces(args.rows or [], topo)
+    except ValueError as err:
+        return _refuse(f"bench: --rows: {err}")
     for key, case in fb.step_cases(dep).items():
+        if case.case_id in saved:
+            rows[key] = saved[case.case_id]
+            print(f"{key}: {case.case_id}: {rows[key]['estimated_us']} us (from --rows)",
+                  file=sys.stderr, flush=True)
+            continue
         entry = registry.get(case.entry)
         with _fixture_mode(True):
             work = case_work(entry, case)

@@ -14,7 +14,8 @@ expert weights), and multiplied by how often the step runs it:
   shard over all ``tokens`` rows).
 
 The step's roofline is the same sum over the pieces' rooflines (``harness.bench.roofline``),
-so ``step / roofline`` is judged like a kernel's ratio.  Collectives are not timed by the
+so ``step / roofline`` is judged like a kernel's ratio.  ``--rows FILE`` takes pieces
+already estimated (a FLASH scan's per-entry ``--json`` output) instead of running them again.  Collectives are not timed by the
 cost model; their bytes per rank per layer are listed: the attention half-layer's
 sequence-parallel all-gather and reduce-scatter (``harness.capacity.boundary_traffic``,
 publish + read), and the EP dispatch and combine of the MoE half-layer for an average rank,
@@ -98,6 +99,28 @@ def step_cases(dep: Deployment) -> dict[str, Case]:
         rows, tp = (dep.tokens, dep.tp) if name == "lm_head" else (t_local, 1)
         cases[name] = Case(entry=name, tokens=rows, tp=tp, preset=dep.preset)
     return cases
+
+
+def saved_pieces(paths: list[str], topo: dict) -> dict[str, dict]:
+    """Case id -> bench row of the estimated rows in ``paths`` (``harness.bench --json``
+    output); raises ValueError for a file that is not bench rows or a row estimated on
+    another simulated topology (its figure would not add up with this run's)."""
+    from harness.bench_baseline import SAVABLE, TOPOLOGY_KEYS
+    from harness.bench_merge import MergeError, read_rows
+
+    try:
+        rows = read_rows(paths)
+    except MergeError as err:
+        raise ValueError(str(err)) from None
+    out = {}
+    for row in rows:
+        theirs = {k: row["topology"].get(k) for k in TOPOLOGY_KEYS}
+        if theirs != {k: topo[k] for k in TOPOLOGY_KEYS}:
+            raise ValueError(f"{row['case']}: estimated on {theirs}, this run simulates "
+                             f"{ {k: topo[k] for k in TOPOLOGY_KEYS} }")
+        if row["status"] in SAVABLE and row.get("estimated_us") is not None:
+            out[row["case"]] = row
+    return out
 
 
 def collective_bytes(config: V41Config, dep: Deployment) -> dict[str, int]:

@@ -82,9 +82,27 @@ def test_a_piece_without_estimate_fails_naming_it(est, capsys):
     (["--forward", "--tokens", "4", "--tokens", "8"], "one --tokens"),
     (["--forward", "rmsnorm"], "takes no entry names"),
     (["--forward", "--gate"], "takes no --gate"),
-    (["--tp", "2"], "--tp/--dp/--ep are axes of --forward"),
+    (["--tp", "2"], "--tp/--dp/--ep and --rows are options of --forward"),
 ])
 def test_bad_flags_are_refused_before_any_launch(est, capsys, argv, message):
     assert bench.main(argv) == 2
     assert message in capsys.readouterr().err
     assert est["calls"] == []
+
+
+def test_saved_rows_replace_their_pieces(est, capsys, tmp_path):
+    est["decode_swa"] = 100.0
+    assert bench.main([*TINY, "--json"]) == 0
+    step = json.loads(capsys.readouterr().out)
+    swa = dict(step["pieces"]["attention:swa"], estimated_us=55.0)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(swa) + "\n")
+    est["calls"].clear()
+    assert bench.main([*TINY, "--json", "--rows", str(rows)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert swa["case"] not in est["calls"] and len(est["calls"]) == len(step["pieces"]) - 1
+    assert again["step_us"] == pytest.approx(step["step_us"] - 2 * (100.0 - 55.0))
+    swa["topology"] = dict(swa["topology"], cube_cores=1)
+    rows.write_text(json.dumps(swa) + "\n")
+    assert bench.main([*TINY, "--rows", str(rows)]) == 2
+    assert "estimated on" in capsys.readouterr().err
