@@ -8,23 +8,6 @@ import json
 import pytest
 
 from harness import bench, bench_baseline, bench_merge
-from harness.runner import CaseResult
-
-
-@pytest.fixture
-def est(monkeypatch):
-    table = {"rmsnorm": 10.0, "gate": 20.0}
-
-    def fake_run(case, *a, **k):
-        us = table[case.entry]
-        if us is None:
-            return CaseResult(case=case, sut="kernel:x", status="error", reason="boom")
-        return CaseResult(case=case, sut="kernel:x", status="estimate",
-                          costs=[{"rank": 0, "aicore_e2e_us": us, "total_cycles": int(us * 1800)}])
-
-    import harness.runner
-    monkeypatch.setattr(harness.runner, "run_case", fake_run)
-    return table
 
 
 def flash_ids(entry):
