@@ -4,6 +4,7 @@ Launch-free: the runner is replaced by a fake with set estimates (as in test_ben
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,21 @@ def test_a_row_without_an_estimate_is_refused(tmp_path, est, capsys):
     assert merge(out, tmp_path / "rmsnorm.jsonl") == 2
     assert "no passing estimate" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_committed_flash_baseline_covers_every_flash_case():
+    """harness/baselines/bench_flash.json: one record per FLASH bench case of every kernel
+    entry (a new FLASH case needs its estimate merged in), made on the simulated A5."""
+    path = Path(bench_baseline.__file__).parent / "baselines" / "bench_flash.json"
+    doc = bench_baseline.load_baseline(str(path))
+    assert doc["selection"] == bench_baseline.selection("flash", None, False)
+    assert {r["case"] for r in doc["cases"]} == set(flash_ids_all())
+    topo = bench._topology_record()
+    for rec in doc["cases"]:
+        assert {k: rec["topology"][k] for k in bench_baseline.TOPOLOGY_KEYS} == {
+            k: topo[k] for k in bench_baseline.TOPOLOGY_KEYS}
+        assert rec["pypto"] == bench_baseline.pypto_version()
+
+
+def flash_ids_all():
+    return [c.case_id for c in bench.bench_cases([], "flash", None)]
