@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _forward(args) -> int:
     """``--forward``: every distinct piece of one decode step estimated once, then summed by
-    :mod:`harness.forward_bench` (rows of pieces go to stderr with ``--json``)."""
+    :mod:`harness.forward_bench`; one progress line per piece on stderr."""
     from harness import forward_bench as fb
 
     if not args.forward:
@@ -352,10 +352,10 @@ def _forward(args) -> int:
         return _refuse(f"bench: --forward takes no {clash[0]}")
     if args.tokens and len(args.tokens) > 1:
         return _refuse("bench: --forward takes one --tokens (rows per DP group)")
+    given = {"tokens": args.tokens[0] if args.tokens else None,
+             "tp": args.tp, "dp": args.dp, "ep": args.ep}  # 0 is refused, not defaulted
     dep = fb.Deployment(preset=args.preset or "flash",
-                        tokens=args.tokens[0] if args.tokens else fb.Deployment.tokens,
-                        tp=args.tp or fb.Deployment.tp, dp=args.dp or fb.Deployment.dp,
-                        ep=args.ep or fb.Deployment.ep)
+                        **{k: v for k, v in given.items() if v is not None})
     problem = fb.check(dep)
     if problem:
         return _refuse(f"bench: {problem}")
@@ -376,7 +376,7 @@ def _forward(args) -> int:
             r = _run(case, True)
         rows[key] = bench_row(case, r, work, plat, topo)
         print(f"{key}: {case.case_id}: {rows[key]['status']} {rows[key]['estimated_us']} us "
-              f"(wall {rows[key]['wall_s']} s){'; ' + rows[key]['reason'] if r.status != 'estimate' else ''}",
+              f"(wall {rows[key]['wall_s']} s){'' if r.status == 'estimate' else f'; {r.reason}'}",
               file=sys.stderr, flush=True)
     try:
         step = fb.summarize(dep, rows)

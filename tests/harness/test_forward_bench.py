@@ -61,6 +61,7 @@ def test_a_piece_without_estimate_fails_naming_it(est, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--forward", "--ep", "4"], "--ep: 4 must equal tp * dp = 8"),
+    (["--forward", "--tp", "0"], "--tp: must be an integer >= 1, got 0"),
     (["--forward", "--tokens", "193"], "--tokens: 193 decode rows per DP group exceed"),
     (["--forward", "--tokens", "4", "--tokens", "8"], "one --tokens"),
     (["--forward", "rmsnorm"], "takes no entry names"),
