@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from goldens.config import V41Config, preset as preset_config
 from harness import registry
+from harness.bench import bench_cases
 from harness.capacity import boundary_traffic
 from harness.case import Case, CaseError, validate_case
 
@@ -75,12 +76,6 @@ def layer_counts(config: V41Config) -> dict[str, int]:
     return dict(counts)
 
 
-def _flash_or_first(entry: str, preset: str) -> Case:
-    pool = list(registry.get(entry).matrix) + list(registry.get(entry).slow_cases)
-    same = [c for c in pool if c.preset == preset]
-    return same[0] if same else replace(pool[0], preset=preset)
-
-
 def step_cases(dep: Deployment) -> dict[str, Case]:
     """The distinct cases of one step, keyed ``attention:<mode>``, ``moe`` and the boundary
     entry names."""
@@ -88,7 +83,7 @@ def step_cases(dep: Deployment) -> dict[str, Case]:
     t_local = math.ceil(dep.tokens / dep.tp)
     cases = {}
     for mode in layer_counts(config):
-        base = _flash_or_first(f"decode_{mode}", dep.preset)
+        base = bench_cases([f"decode_{mode}"], dep.preset, None)[0]  # its first case of the preset
         cases[f"attention:{mode}"] = replace(
             base, tokens=dep.tokens, active_tokens=None, tp=dep.tp, dp=1, ep=None,
             requests=min(base.requests, dep.tokens), wiring="sharded", kind="mixed",
