@@ -14,8 +14,16 @@ caller contracts ``x[:, even] @ lo^T + x[:, odd] @ hi^T``.  Values are exact in 
 E2M1 value has at most two significant bits and ``2^(s-127)`` is a power of two (the
 ``exp`` estimate of the power is rounded away by the BF16 cast, as in
 :mod:`v41.mx_decode`).
+
+Schedule (A5 cost model, one FLASH expert, 3 rows): each byte's two values come from two
+256-entry tables (:func:`byte_tables`, one gather each) instead of ~30 floor/multiply steps,
+the work runs in ``[1024, 16]`` tiles (one scale per tile row, so no reshape between a
+row layout and a group layout), and the whole decode of one weight tile is forced into one
+subgraph (``sg_set_scope``): left to the partitioner it was cut into many small subgraphs
+whose intermediates went through global memory (60 % of the estimate was those copies).
 """
 
+import itertools
 import math
 
 from v41.mx_decode import e2m1_values, unsigned_codes
@@ -23,6 +31,8 @@ from v41.mx_decode import e2m1_values, unsigned_codes
 LN2 = math.log(2.0)
 PACKED_PER_SCALE = 16  # packed bytes (32 logical columns) per E8M0 scale
 VEC_COLS = 1024  # vector tile columns at most (A5 unified buffer)
+GROUP_ROWS = 1024  # [GROUP_ROWS, 16] FP32 tiles (64 KB): 2048 overflows the UB, 512 is slower
+_scopes = itertools.count(1000)  # sg_set_scope ids: one per decoded weight tile site
 
 
 def even_odd_ids(pypto, k):
@@ -34,41 +44,64 @@ def even_odd_ids(pypto, k):
     return even, pypto.add(even, 1)
 
 
-def fp4_pair_tile(pypto, packed, scales, expert, n0, c0, n_tile, kh, *, swap_nibbles=False):
+def byte_tables(pypto, *, swap_nibbles=False):
+    """``(lo, hi)`` FP32 ``[256]``: entry ``b`` is the E2M1 value of the low (``lo``) and the
+    high (``hi``) nibble of byte ``b``.  Build them once, before the loops.
+    ``swap_nibbles`` swaps the two (a deliberately wrong reading: logical column ``2i`` from
+    the HIGH nibble, for the harness's wrong-kernel tests)."""
+    pypto.set_vec_tile_shapes(256)
+    b = pypto.arange(0.0, 256.0, 1.0)
+    high = pypto.floor(pypto.mul(b, 1.0 / 16.0))
+    low = pypto.sub(b, pypto.mul(high, 16.0))
+    lo, hi = e2m1_values(pypto, low), e2m1_values(pypto, high)
+    return (hi, lo) if swap_nibbles else (lo, hi)
+
+
+def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
     """``(lo, hi)`` BF16 ``[n_tile, kh]``: rows ``n0 .. n0+n_tile`` and packed columns
     ``c0 .. c0+kh`` of local expert ``expert`` of the stacked packed weight ``packed
     [L, N, K/2]`` (scales ``[L, N, K/32]``), decoded exactly; ``lo`` holds logical columns
-    ``2(c0+i)``, ``hi`` ``2(c0+i)+1``.  ``c0`` and ``kh`` are multiples of 16.
+    ``2(c0+i)``, ``hi`` ``2(c0+i)+1``.  ``tables`` from :func:`byte_tables`; ``c0`` and
+    ``kh`` are multiples of 16.
 
-    ``swap_nibbles`` (even columns from the HIGH nibble) is a deliberately wrong reading
-    for the harness's wrong-kernel tests."""
-    groups = kh // PACKED_PER_SCALE  # scale tiles: whole 32-byte blocks (72 -> 96)
+    Rounding boundary: none until the BF16 cast of ``value * 2^(s-127)``, which is exact
+    (golden ``goldens.quant.dequantize_fp4_expert_weight``)."""
+    scope = next(_scopes)
+    pypto.set_pass_options(sg_set_scope=scope)
+    try:
+        return _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh)
+    finally:
+        pypto.set_pass_options(sg_set_scope=-1)
+
+
+def _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
+    groups = kh // PACKED_PER_SCALE  # one E8M0 scale per 16 packed bytes
+    n = n_tile * groups
     rt = min(n_tile, 16)
+    t = min(n, GROUP_ROWS)
     # uint8 tiles: a whole 32-byte block in the last dim, even over narrower tensors
     pypto.set_vec_tile_shapes(1, rt, min(max(kh, 32), VEC_COLS))
     codes = pypto.reshape(pypto.view(packed, [1, n_tile, kh], [expert, n0, c0]), [n_tile, kh])
-    pypto.set_vec_tile_shapes(rt, min(max(kh, 32), VEC_COLS))
-    b = unsigned_codes(pypto, codes)  # FP32 0..255
-    high = pypto.floor(pypto.mul(b, 1.0 / 16.0))
-    low = pypto.sub(b, pypto.mul(high, 16.0))
-    if swap_nibbles:
-        low, high = high, low
+    pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
+    b = unsigned_codes(pypto, pypto.reshape(codes, [n, PACKED_PER_SCALE]))  # FP32 0..255
+    idx = pypto.cast(b, pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
+    idx = pypto.reshape(idx, [n * PACKED_PER_SCALE])
     pypto.set_vec_tile_shapes(1, rt, -(-groups // 32) * 32)
-    sc = pypto.view(scales, [1, n_tile, groups], [expert, n0, c0 // PACKED_PER_SCALE])
-    n = n_tile * groups
-    per = PACKED_PER_SCALE
+    sc = pypto.reshape(pypto.view(scales, [1, n_tile, groups],
+                                  [expert, n0, c0 // PACKED_PER_SCALE]), [n_tile, groups])
     pypto.set_vec_tile_shapes(rt, -(-groups // 32) * 32)
-    c = unsigned_codes(pypto, pypto.reshape(sc, [n_tile, groups]))
-    pypto.set_vec_tile_shapes(min(n, VEC_COLS))
+    c = unsigned_codes(pypto, sc)
+    pypto.set_vec_tile_shapes(t)
     c = pypto.reshape(c, [n])
     pw = pypto.reshape(pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2)), [n, 1])
     out = []
-    # the per-group scale step in [1024, 16] tiles: [64, 16] ones made it 1.7x slower at FLASH
-    for nib in (low, high):  # unrolled at trace time
+    for table in tables:  # unrolled at trace time: lo, then hi
+        pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
+        val = pypto.index_select(table, 0, idx)
+        pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
+        val = pypto.mul(pypto.reshape(val, [n, PACKED_PER_SCALE]), pw)
+        val = pypto.cast(val, pypto.DT_BF16)
         pypto.set_vec_tile_shapes(rt, min(kh, VEC_COLS))
-        val = e2m1_values(pypto, nib)
-        pypto.set_vec_tile_shapes(min(n, 1024), per)  # [1024, 16] FP32: 64 KB
-        val = pypto.mul(pypto.reshape(val, [n, per]), pw)
-        pypto.set_vec_tile_shapes(rt, min(kh, VEC_COLS))
-        out.append(pypto.cast(pypto.reshape(val, [n_tile, kh]), pypto.DT_BF16))
+        out.append(pypto.reshape(val, [n_tile, kh]))
     return out[0], out[1]
