@@ -19,20 +19,19 @@ Schedule (A5 cost model, one FLASH expert, 3 rows): each byte's two values come 
 256-entry tables (:func:`byte_tables`, one gather each) instead of ~30 floor/multiply steps,
 the work runs in ``[1024, 16]`` tiles (one scale per tile row, so no reshape between a
 row layout and a group layout), and the whole decode of one weight tile is forced into one
-subgraph (``sg_set_scope``): left to the partitioner it was cut into many small subgraphs
-whose intermediates went through global memory (60 % of the estimate was those copies).
+subgraph (:mod:`v41.subgraph`): left to the partitioner it was cut into many small
+subgraphs whose intermediates went through global memory (60 % of the estimate).
 """
 
-import itertools
 import math
 
 from v41.mx_decode import e2m1_values, unsigned_codes
+from v41.subgraph import one_subgraph
 
 LN2 = math.log(2.0)
 PACKED_PER_SCALE = 16  # packed bytes (32 logical columns) per E8M0 scale
 VEC_COLS = 1024  # vector tile columns at most (A5 unified buffer)
 GROUP_ROWS = 1024  # [GROUP_ROWS, 16] FP32 tiles (64 KB): 2048 overflows the UB, 512 is slower
-_scopes = itertools.count(1000)  # sg_set_scope ids: one per decoded weight tile site
 
 
 def even_odd_ids(pypto, k):
@@ -66,12 +65,8 @@ def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
 
     Rounding boundary: none until the BF16 cast of ``value * 2^(s-127)``, which is exact
     (golden ``goldens.quant.dequantize_fp4_expert_weight``)."""
-    scope = next(_scopes)
-    pypto.set_pass_options(sg_set_scope=scope)
-    try:
+    with one_subgraph(pypto):
         return _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh)
-    finally:
-        pypto.set_pass_options(sg_set_scope=-1)
 
 
 def _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):

@@ -60,6 +60,7 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 from v41 import mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
+from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
@@ -121,6 +122,14 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
     return pypto.mul(silu, u)
 
 
+def weight_tile(pypto, w, w_scale, n0, n, k):
+    """BF16 ``[n, k]``: rows ``n0 .. n0+n`` of the MXFP8 weight ``w`` decoded exactly
+    (:func:`v41.mx_linear.mx_weight_tile_bf16`), as one subgraph (:mod:`v41.subgraph`;
+    FLASH T=21 estimate 1,294 -> 788 us)."""
+    with one_subgraph(pypto):
+        return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           i_tile: int = I_TILE, rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
@@ -180,10 +189,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
             mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
         for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
-            w1t = mx_linear.mx_weight_tile_bf16(pypto, w1, w1_scale, j * i_tile, 0, i_tile,
-                                                hidden)
-            w3t = mx_linear.mx_weight_tile_bf16(pypto, w3, w3_scale, j * i_tile, 0, i_tile,
-                                                hidden)
+            w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden)
+            w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden)
             for r in pypto.loop(row_tiles, name="SE_H_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
@@ -198,8 +205,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                                   skip_quant=skip_h_quant)
                 pypto.assemble(hq, [start, j * i_tile], h_mx)
         for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
-            w2t = mx_linear.mx_weight_tile_bf16(pypto, w2, w2_scale, nt * n_tile, 0, n_tile,
-                                                inter)
+            w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter)
             for r in pypto.loop(row_tiles, name="SE_Y_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
