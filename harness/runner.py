@@ -96,6 +96,9 @@ def _run(case, entry, label, sut, platform, save_root, start) -> CaseResult:
         if not ok:
             return CaseResult(case, label, "skip", reason=why)
     cfg = case.config
+    if label.startswith("kernel:"):
+        from harness import launch_record
+        launch_record.note_case(case)
     inputs = entry.build_inputs(cfg, case)
     try:
         produced = sut(platform, cfg, case, clone_tensors(inputs))

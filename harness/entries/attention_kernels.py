@@ -41,6 +41,7 @@ from harness.entries import (compressor_ratio1, compressor_ratio2, index_query, 
 from harness.entries import hierarchical_sparse_indexer as hierarchical
 from harness.entries import sparse_attention as sparse
 from harness.entries import window_publish
+from harness import launch_record
 from harness.entries._kernel import launch_step, sequential_cost
 from harness.fixtures import SENTINEL
 from harness.registry import Work
@@ -98,6 +99,7 @@ class RankLauncher:
                 self.records.append({**record, "rank": self.rank})
             if outputs is None:  # a shape-keyed estimate: nothing was computed to hand back
                 return _abi_outputs(self.config, module, axes, args, sentinel=True)
+            launch_record.record(module, self.rank, axes, args, outputs)
             return {k: v.clone() for k, v in outputs.items()}
         from harness.platforms import KernelSpec
         program = self.platform.compile(KernelSpec(module, options or {}), self.config, axes)
@@ -118,6 +120,7 @@ class RankLauncher:
         if key is not None:
             kept = None if self.memo.by_shape else {k: v.clone() for k, v in result.outputs.items()}
             self.memo.put(key, (kept, record))
+        launch_record.record(module, self.rank, axes, args, result.outputs)
         return dict(result.outputs)
 
     def rows(self, module: str, axes: dict, n: int, chunk: int, row_args: dict, args: dict, *,
