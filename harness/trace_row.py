@@ -18,7 +18,9 @@ quantizer before ``wq_b``, every query element of the row.
 
 Last, the row-bound ratios of the kernel output (BF16 of the rank-order FP32 sum of the
 recorded partials) against the golden output and against the golden run downstream of the
-kernel's ``qr``.  The tool reads records and runs goldens; it launches no kernel.
+kernel's ``qr``.  The Top-K rows are the ones the kernel's attention launch was handed: the
+selection itself is judged by the entry's Top-K checks, not here.  The tool reads records
+and runs goldens; it launches no kernel.
 """
 
 from __future__ import annotations
