@@ -185,10 +185,10 @@ def trace(where, case: Case, row: int) -> dict:
     from harness.entries import decode_compose
     from harness.entries.attention_paths import small_shape_threads
     from harness.fixtures import clone_tensors
-    entry = registry.get(case.entry)
     mode = case.entry.removeprefix("decode_attn_").removeprefix("decode_")
-    if not case.entry.startswith("decode_") or case.entry.startswith("decode_layer"):
+    if not case.entry.startswith("decode_") or mode not in {s.mode.value for s in decode_compose.attention.MODES}:
         raise ValueError(f"entry: {case.entry} is not a decode attention leaf or composition")
+    entry = registry.get(case.entry)
     if case.dp != 1 or case.epochs != 1:
         raise ValueError(f"dp, epochs: the trace reads one DP group and one epoch (got dp={case.dp}, "
                          f"epochs={case.epochs})")
