@@ -67,15 +67,14 @@ def _small(tensors: dict) -> dict:
 
 def record(module: str, rank: int, axes: dict, args: dict, outs: dict) -> None:
     """Save one launch if recording is on (see the module doc); sequence numbers follow
-    launch order within the process and never repeat an existing file's."""
+    launch order within the process and never repeat one already in the directory."""
     where = directory()
     if where is None:
         return
-    while True:
+    seq = next(_SEQ)
+    while any(where.glob(f"{seq:05d}_*")):  # a number another launch or process already used
         seq = next(_SEQ)
-        path = where / f"{seq:05d}_{module}_r{rank}.pt"
-        if not path.exists():
-            break
+    path = where / f"{seq:05d}_{module}_r{rank}.pt"
     torch.save({"module": module, "rank": rank, "axes": dict(axes), "args": _small(args),
                 "outs": _small(outs)}, path)
 
