@@ -51,7 +51,7 @@ from harness.entries import attention, attention_kernels, sp_launch
 from harness.entries import attention_fixture as fixture
 from harness.entries import attention_paths as paths
 from harness.entries.hc_pre import pre_mix, residual_lanes
-from harness.fixtures import SENTINEL, randn, sentinel, uniform
+from harness.fixtures import SENTINEL, STREAM_SENTINEL, randn, sentinel, uniform
 from harness.registry import Entry, SutOutput, Work, register
 
 KINDS = ("mixed", "long", "masked", "first")
@@ -78,7 +78,7 @@ def build_inputs(config, case, layer: int) -> dict:
             batch = fixture.batch_from(config, case, flat, g, fixture.num_state_blocks(flat, g))
             flat.update(sp_launch.group_meta(case, g, batch.metadata.position_ids))
     flat["attention_output"] = sentinel((case.dp, T, d))
-    flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32)
+    flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32, STREAM_SENTINEL)
     flat["pre_out"] = sentinel((case.dp, T, hc), torch.float32)
     return flat
 
@@ -143,7 +143,7 @@ def compare(spec, config, case, inputs, gold, actual) -> list:
                 lanes = actual["x_hc_out"][g][act].reshape(-1, d)
                 ref = replay[act].reshape(lanes.shape)
                 verdicts += check_row_bound(f"{name}.x_hc_out", lanes, ref)
-                verdicts += check_sentinel(f"{name}.x_hc_out", lanes, SENTINEL, ref=ref)
+                verdicts += check_sentinel(f"{name}.x_hc_out", lanes, STREAM_SENTINEL, ref=ref)
                 verdicts += check_row_bound(f"{name}.pre_out", actual["pre_out"][g][act], gold["pre_out"][g][act])
                 verdicts += check_sentinel(f"{name}.pre_out", actual["pre_out"][g][act], SENTINEL,
                                            ref=gold["pre_out"][g][act])

@@ -14,7 +14,7 @@ from harness.case import Case, Support
 from harness.compare import check_non_owned_bytes, check_row_bound, check_sentinel
 from harness.entries._kernel import single_launch
 from harness.entries.hc_pre import residual_lanes
-from harness.fixtures import SENTINEL, randn, sentinel, uniform
+from harness.fixtures import STREAM_SENTINEL, randn, sentinel, uniform
 from harness.platforms.topology import VECTOR_FP32
 from harness.registry import Entry, Work, register, tensor_bytes
 
@@ -29,7 +29,7 @@ def build_inputs(config, case):
             "x_hc": residual_lanes(config, case),
             "post": 2.0 * torch.sigmoid(randn((t, hc), case.seed, "post", scale=2.0)),
             "comb": sinkhorn(logits, config),
-            "out": sentinel((t, hc, d), torch.float32)}
+            "out": sentinel((t, hc, d), torch.float32, STREAM_SENTINEL)}
 
 
 def work(config, case, inputs):
@@ -48,7 +48,7 @@ def compare(config, case, inputs, gold, actual):
     # storage format: every FP32 value must be a BF16 value (exact bytes after a round trip)
     as_bf16 = out.to(torch.bfloat16).to(torch.float32) if out.dtype == torch.float32 else out
     return (check_row_bound("out", out, gold["out"])
-            + check_sentinel("out", out, SENTINEL, ref=gold["out"])
+            + check_sentinel("out", out, STREAM_SENTINEL, ref=gold["out"])
             + check_non_owned_bytes("out:bf16_values", out, as_bf16))
 
 

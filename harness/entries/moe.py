@@ -51,7 +51,7 @@ from harness.compare import check_row_bound, check_sentinel, check_zero_rows
 from harness.entries import attention_kernels, routed_experts
 from harness.entries.hc_pre import pre_mix, residual_lanes
 from harness.ep_transport import EpGroup
-from harness.fixtures import SENTINEL, placeholders_wanted, randn, sentinel, uniform
+from harness.fixtures import SENTINEL, STREAM_SENTINEL, placeholders_wanted, randn, sentinel, uniform
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 _I32 = torch.int32
@@ -95,7 +95,7 @@ def build_inputs(config, case) -> dict:
         gc = case.with_(seed=case.seed + 101 * g)
         flat[f"g{g}.x_hc"] = residual_lanes(config, gc, "ffn_x_hc")
         flat[f"g{g}.pre_in"] = pre_mix(config, gc, "ffn_pre_in")
-    flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32)
+    flat["x_hc_out"] = sentinel((case.dp, T, hc, d), torch.float32, STREAM_SENTINEL)
     flat["pre_out"] = sentinel((case.dp, T, hc), torch.float32)
     flat["moe_output"] = sentinel((case.dp, T, d))
     return flat
@@ -158,7 +158,7 @@ def compare(config, case, inputs, gold, actual) -> list:
             lanes = actual["x_hc_out"][g][rows].reshape(-1, d)
             ref = gold["x_hc_out"][g][rows].reshape(lanes.shape)
             verdicts += check_row_bound(f"{tag}.x_hc_out", lanes, ref)
-            verdicts += check_sentinel(f"{tag}.x_hc_out", lanes, SENTINEL, ref=ref)
+            verdicts += check_sentinel(f"{tag}.x_hc_out", lanes, STREAM_SENTINEL, ref=ref)
             verdicts += check_row_bound(f"{tag}.pre_out", actual["pre_out"][g][rows], gold["pre_out"][g][rows])
             verdicts += check_sentinel(f"{tag}.pre_out", actual["pre_out"][g][rows], SENTINEL,
                                        ref=gold["pre_out"][g][rows])
