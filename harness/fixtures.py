@@ -16,9 +16,10 @@ import torch
 
 SENTINEL = 13.0  # value of unwritten output rows (the reference harness uses 13.0 too)
 # FP32 buffers whose written values are BF16 values (the mHC residual streams): 13.0 is a
-# common stream value at FLASH (1,475 elements of one 192-token hc_post output), so one
-# written 13.0 beside a reference one ulp away read as a missing write.  No BF16 value
-# equals this FP32 one, so only an unwritten element can hold it.
+# common stream value at FLASH (1,475 elements in the four TP ranks' hc_post outputs of
+# one 192-token decode_c1a_full case), so a written 13.0 beside a reference one ulp away
+# read as a missing write.  No BF16 value equals this FP32 one: only an unwritten element
+# can hold it.
 STREAM_SENTINEL = 13.0 + 2.0 ** -19
 
 
