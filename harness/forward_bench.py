@@ -8,7 +8,7 @@ expert weights), and multiplied by how often the step runs it:
 * attention half-layer of each mode: ``decode_<mode>`` (the mHC composition, sharded wiring)
   at ``tokens`` rows, one TP group; its estimate is the slowest rank's;
 * MoE half-layer: ``moe`` at ``tp``/``dp``/``ep`` with ``tokens`` rows per DP group (the
-  slowest EP rank, routed experts expert by expert); the same for every layer;
+  slowest EP rank; an EP8 rank's routed experts in one launch); the same for every layer;
 * boundary, once per step: ``input_pack``, ``hc_head`` and the final ``rmsnorm`` on one
   rank's ``ceil(tokens / tp)`` residual rows, and ``lm_head`` (one TP rank's vocabulary
   shard over all ``tokens`` rows).

@@ -7,8 +7,9 @@ worker passes 24 GiB.  The cost model's estimate depends on shapes and integer m
 only (``tests/platforms/test_a5sim_estimate_only.py``), so this command takes the case's
 routing from the fixture (:func:`harness.entries.routed_experts.routing`), gives every
 expert constant packed weights of the right shapes (codes 0, scales 2^0), and estimates
-each rank through the same per-expert launches as the estimate-only SUT
-(:func:`harness.entries.routed_experts.estimate_rank_per_expert`).
+each rank through the same launches as the estimate-only SUT: the whole rank at once, or
+chunks of experts for a rank past the size limit
+(:func:`harness.entries.routed_experts.estimate_rank_in_chunks`).
 ``tests/harness/test_moe_estimate.py`` checks it gives the SUT's per-rank figures.
 
 Usage: ``python -m harness.moe_estimate [--preset flash] [--tokens 192] [--ep 4] [--tp 2]
@@ -40,7 +41,7 @@ def rank_estimates(platform, config, case: Case) -> list[dict]:
     for r in range(ranks):
         args = re_entry.rank_inputs(config, case, r, inputs)
         off = args["expert_offsets"]
-        record = re_entry.estimate_rank_per_expert(platform, config, case, r, args)
+        record = re_entry.estimate_rank_in_chunks(platform, config, case, r, args)
         out.append({"rank": r, "rows": int(off[-1]), "local_experts": n_local,
                     "experts_with_rows": int((off[1:] > off[:-1]).sum()),
                     "launches": record["launches"] if record else 0,
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['local_experts']} experts with rows, {r['launches']} launches, "
                   f"{r['aicore_e2e_us']} us")
         print(f"{case.case_id}: slowest rank {summary['slowest_rank_us']} us "
-              f"(per-expert launches summed; {summary['wall_s']} s)")
+              f"(a split rank's launches summed; {summary['wall_s']} s)")
     return 0
 
 

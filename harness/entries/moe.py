@@ -16,8 +16,8 @@ and ``v41.hc_post`` forms the new streams.  The host does metadata, transports a
 orchestration only.  Epochs repeat the same inputs (a rank's identical launches are reused
 from the launch memo).  An estimate-only run (a5sim ``cost`` level) computes no router
 output, so its dispatch follows :func:`balanced_routes`, and an EP rank whose packed
-experts pass ``routed_experts.ESTIMATE_RANK_BYTES`` (a FLASH rank) is estimated expert by
-expert (:func:`harness.entries.routed_experts.estimate_rank_per_expert`).
+experts pass ``routed_experts.ESTIMATE_RANK_BYTES`` (a FLASH EP4 rank) is estimated in
+chunks of experts (:func:`harness.entries.routed_experts.estimate_rank_in_chunks`).
 
 Fixture (``case.dp`` groups of ``case.tokens`` rows, ``case.group_active(g)`` active):
 ``g{g}.x_hc`` FP32 ``[T, hc, D]`` (BF16 values), ``g{g}.pre_in`` FP32 ``[T, hc]`` (the
@@ -282,8 +282,8 @@ def site_epoch(platform, config, case, inputs, launchers, group: EpGroup, epoch:
             continue
         args = {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
                 "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)}
-        if routed_experts.split_per_expert(platform, config, case):  # a FLASH rank, estimate only
-            routed_experts.estimate_rank_per_expert(
+        if routed_experts.split_rank(platform, config, case):  # a FLASH rank, estimate only
+            routed_experts.estimate_rank_in_chunks(
                 platform, config, case, rank, args,
                 variants.get("v41.routed_experts", "reference"), launch=launchers[rank])
             y = torch.zeros(rows, d, dtype=torch.bfloat16)  # nothing computed

@@ -17,10 +17,12 @@ slot) pairs choosing one of them, sorted by expert, then token (the golden's gat
 ``max rows + PAD_ROWS`` (a fixed receive window): its rows past ``offsets[L]`` are padding,
 filled with garbage (x = 13.0, route weight NaN) the kernel must not read, and must come
 back exactly zero.  One launch per rank (an empty rank too).  An estimate-only platform
-splits a rank whose packed weights pass :data:`ESTIMATE_RANK_BYTES` (a FLASH rank: the cost
-model cannot hold its whole task graph in 24 GiB) into one launch per expert with rows plus
-one padding launch, and reports their sum (:func:`estimate_rank_per_expert`): experts run
-one after another there, so the figure leaves out any overlap one launch would have.
+splits a rank whose packed weights pass :data:`ESTIMATE_RANK_BYTES` (a FLASH EP4 rank: the
+cost model cannot hold its whole task graph in 24 GiB) into equal chunks of consecutive
+experts, one launch per chunk with rows plus one padding launch, and reports their sum
+(:func:`estimate_rank_in_chunks`): chunks run one after another there, so the figure leaves
+out any overlap between chunks that one launch would have.  A FLASH EP8 rank (48 experts,
+903 MB packed) is one launch: 11.7 GB and about 5 min in the cost model here.
 
 Output ``y [ranks, capacity, D]`` BF16: each dispatched row checked with the contract's
 per-row bound and for missing writes, each padding row on its own for exact zeros.
@@ -49,7 +51,7 @@ PAD_ROWS = 3  # padding rows past the fullest rank's dispatched rows
 PAD_X = 13.0  # padding x rows: garbage the kernel must not read
 WEIGHT_NAMES = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
 GU_STD = 6.0  # std of g and u before the clamps (limit 10: a few percent clamp)
-ESTIMATE_RANK_BYTES = 256 << 20  # packed expert bytes one estimate-only launch may take
+ESTIMATE_RANK_BYTES = 1 << 30  # packed expert bytes one estimate-only launch may take
 
 
 def ranks(case) -> int:
@@ -235,23 +237,37 @@ def packed_bytes(config, experts: int) -> int:
     return experts * (3 * i * d // 2 + 3 * i * d // 32)
 
 
-def split_per_expert(platform, config, case) -> bool:
-    """True when an estimate-only platform launches a rank's experts one at a time: its
-    packed weights exceed :data:`ESTIMATE_RANK_BYTES` (a whole FLASH rank's cost-model task
-    graph does not fit in 24 GiB).  Interpreted and card launches take the whole rank."""
+def chunk_experts(config, n_local: int) -> int:
+    """Local experts per estimate-only launch of a split rank: the fewest equal chunks whose
+    packed weights stay within :data:`ESTIMATE_RANK_BYTES` (one expert each when the limit
+    is below one expert)."""
+    one = packed_bytes(config, 1)
+    if ESTIMATE_RANK_BYTES < one:
+        return 1
+    chunks = -(-packed_bytes(config, n_local) // ESTIMATE_RANK_BYTES)
+    return -(-n_local // chunks)
+
+
+def split_rank(platform, config, case) -> bool:
+    """True when an estimate-only platform launches a rank's experts in chunks
+    (:func:`chunk_experts`): its packed weights exceed :data:`ESTIMATE_RANK_BYTES` (a whole
+    FLASH EP4 rank's cost-model task graph does not fit in 24 GiB; an EP8 rank's does).
+    Interpreted and card launches take the whole rank."""
     n_local = config.moe.n_routed_experts // ranks(case)
     return (getattr(platform, "estimate_only", False)
             and packed_bytes(config, n_local) > ESTIMATE_RANK_BYTES)
 
 
-def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: str = "reference",
-                             i_tile: int | None = None, launch=None) -> dict | None:
-    """One rank's estimate as launches run one after another: one ``local = 1`` launch per
-    expert with rows (its rows only, its weights only), then one that writes the padding
-    rows (no expert rows: no weight read).  Launches equal in shape and metadata are
-    estimated once (the estimate-only memo).  Returns the rank's summed cost record; with
-    ``launch`` (the caller's :class:`RankLauncher`, e.g. the MoE composition's) the records
-    go to that launcher instead and None is returned."""
+def estimate_rank_in_chunks(platform, config, case, rank: int, args, variant: str = "reference",
+                            i_tile: int | None = None, launch=None) -> dict | None:
+    """One rank's estimate as launches run one after another: the whole rank in one launch
+    when its experts fit :data:`ESTIMATE_RANK_BYTES`, else one launch per chunk of
+    :func:`chunk_experts` consecutive local experts that has rows (those experts' rows and
+    weights only, offsets rebased; an expert of the chunk without rows reads no weight),
+    then one that writes the padding rows (no expert rows: no weight read).  Launches equal
+    in shape and metadata are estimated once (the estimate-only memo).  Returns the rank's
+    summed cost record; with ``launch`` (the caller's :class:`RankLauncher`, e.g. the MoE
+    composition's) the records go to that launcher instead and None is returned."""
     from harness.entries._kernel import sequential_cost
     from harness.entries.attention_kernels import RankLauncher, launch_memo
     validate_launch(config, args)
@@ -260,21 +276,25 @@ def estimate_rank_per_expert(platform, config, case, rank: int, args, variant: s
     if own:
         launch = RankLauncher(platform, config, rank, case.preset, memo=launch_memo(platform))
     off = [int(v) for v in args["expert_offsets"]]
-    cap = args["x"].shape[0]
+    cap, step = args["x"].shape[0], chunk_experts(config, len(off) - 1)
 
-    def one(first: int, rows: int, expert_rows: int, j: int) -> None:
+    def one(first: int, rows: int, offsets: list[int], j: int, count: int) -> None:
         part = {"x": args["x"][first:first + rows].contiguous(),
                 "route_weight": args["route_weight"][first:first + rows].contiguous(),
-                "expert_offsets": torch.tensor([0, expert_rows], dtype=torch.int32)}
+                "expert_offsets": torch.tensor(offsets, dtype=torch.int32)}
         for name in WEIGHT_NAMES:
-            part[name] = args[name][j:j + 1].contiguous()
-        launch(MODULE, {"rows": rows, "local": 1}, part, options=options)
+            part[name] = args[name][j:j + count].contiguous()
+        launch(MODULE, {"rows": rows, "local": count}, part, options=options)
 
-    for j in range(len(off) - 1):
-        if off[j + 1] > off[j]:
-            one(off[j], off[j + 1] - off[j], off[j + 1] - off[j], j)
-    if cap > off[-1]:
-        one(off[-1], cap - off[-1], 0, 0)
+    if step >= len(off) - 1:  # the whole rank fits: one launch, padding rows included
+        one(0, cap, off, 0, len(off) - 1)
+    else:
+        for a in range(0, len(off) - 1, step):
+            b = min(a + step, len(off) - 1)
+            if off[b] > off[a]:
+                one(off[a], off[b] - off[a], [o - off[a] for o in off[a:b + 1]], a, b - a)
+        if cap > off[-1]:
+            one(off[-1], cap - off[-1], [0, 0], 0, 1)
     if not own:
         return None
     return sequential_cost(launch.records) if launch.records else None
@@ -284,17 +304,17 @@ def kernel_sut(variant: str = "reference", i_tile: int | None = None):
     """The SUT: host validation of the routing and of every rank's launch arguments, then
     one launch per EP rank (an empty rank too); ``variant``/``i_tile`` as in
     :func:`launch_rank`.  An estimate-only platform splits a rank too large for the cost
-    model into per-expert launches (:func:`split_per_expert`): its figure is their sum."""
+    model into chunks of experts (:func:`split_rank`): its figure is their sum."""
     def run(platform, config, case, inputs) -> SutOutput:
         validate_routing(config, case, inputs)
         per_rank = [rank_inputs(config, case, r, inputs) for r in range(ranks(case))]
         for args in per_rank:
             validate_launch(config, args)
         y, records = inputs["y"], []
-        if split_per_expert(platform, config, case):
+        if split_rank(platform, config, case):
             for rank, args in enumerate(per_rank):
-                record = estimate_rank_per_expert(platform, config, case, rank, args, variant,
-                                                  i_tile)
+                record = estimate_rank_in_chunks(platform, config, case, rank, args, variant,
+                                                 i_tile)
                 if record:
                     records.append({**record, "rank": rank})
             return SutOutput({"y": y}, records)

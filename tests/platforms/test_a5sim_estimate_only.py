@@ -114,9 +114,9 @@ def test_sparse_attention_compiles_at_flash_tp2(estimator):
 
 
 def test_moe_estimates_a_large_rank_expert_by_expert(estimator, monkeypatch):
-    """A FLASH EP rank's experts do not fit one cost-model task graph in 24 GiB: the MoE
-    composition then estimates them one launch per expert with rows, like the
-    ``routed_experts`` entry (TINY ranks forced to split here)."""
+    """A FLASH EP4 rank's experts do not fit one cost-model task graph in 24 GiB: the MoE
+    composition then estimates them in chunks of experts, like the ``routed_experts``
+    entry (TINY ranks forced to split one expert per launch here)."""
     from harness import registry
     from harness.entries import routed_experts
 
