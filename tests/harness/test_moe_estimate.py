@@ -1,5 +1,6 @@
 """``python -m harness.moe_estimate`` gives the estimate-only SUT's per-rank figures (same
-routing, same per-expert launches) without building the experts' weights."""
+routing, same launches: whole ranks or chunks of experts) without building the experts'
+weights."""
 
 import pytest
 
