@@ -62,6 +62,18 @@ def job_record(cluster: SlurmCluster, job: str) -> str:
     return cluster.run("scontrol", "show", "job", "-d", job).stdout
 
 
+def settled_job_state(cluster: SlurmCluster, job: str, timeout: float = 60.0) -> str:
+    """``JobState=... Reason=...`` of ``job`` once Slurm has finished tearing it down:
+    ``scontrol`` shows a cancelled job as ``COMPLETING`` until its processes are reaped
+    (seen on a loaded machine), so poll until the state is another one or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = re.search(r"JobState=\S+ Reason=\S+", job_record(cluster, job))[0]
+        if not state.startswith("JobState=COMPLETING ") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
 RECORDING = '''
 MARK
 import json, os, subprocess, time
@@ -162,7 +174,7 @@ def test_hang(request):
     job = records(tmp_path)["hang"]["job"]
     assert f"slurm job {job} TIMEOUT: TimeLimit (exit 0:15); JOB {job} ON " in row["note"], row
     assert row["note"].endswith("DUE TO TIME LIMIT"), row
-    assert "JobState=TIMEOUT Reason=TimeLimit" in job_record(on_cluster, job)
+    assert settled_job_state(on_cluster, job) == "JobState=TIMEOUT Reason=TimeLimit"
     # Slurm's limit is whole minutes, checked every ~30 s, against a whole-second start time:
     # the 1-minute job ended after 56.7 s on our clock once; the queue's own 5 s timeout
     # would have ended it after ~5 s
@@ -255,7 +267,7 @@ def test_hang(request):
     text = runner.communicate(timeout=60)[0].decode()
     assert runner.returncode != 0, text
     job = json.loads(rec.read_text())["job"]
-    state = re.search(r"JobState=\S+ Reason=\S+", job_record(on_cluster, job))[0]
+    state = settled_job_state(on_cluster, job)
     log = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
     assert state.startswith("JobState=CANCELLED "), (state, text, log)
     [row] = json.loads((out / "results.json").read_text())["nodes"]
