@@ -238,13 +238,15 @@ def packed_bytes(config, experts: int) -> int:
 
 
 def chunk_experts(config, n_local: int) -> int:
-    """Local experts per estimate-only launch of a split rank: the fewest equal chunks whose
-    packed weights stay within :data:`ESTIMATE_RANK_BYTES` (one expert each when the limit
-    is below one expert)."""
+    """Local experts per estimate-only launch of a split rank: the size of the fewest
+    near-equal chunks (the last may be smaller) whose packed weights each stay within
+    :data:`ESTIMATE_RANK_BYTES` (one expert each when the limit is below one expert)."""
     one = packed_bytes(config, 1)
     if ESTIMATE_RANK_BYTES < one:
         return 1
     chunks = -(-packed_bytes(config, n_local) // ESTIMATE_RANK_BYTES)
+    while packed_bytes(config, -(-n_local // chunks)) > ESTIMATE_RANK_BYTES:
+        chunks += 1
     return -(-n_local // chunks)
 
 
