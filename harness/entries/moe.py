@@ -282,7 +282,7 @@ def site_epoch(platform, config, case, inputs, launchers, group: EpGroup, epoch:
             continue
         args = {"x": got.x, "route_weight": got.weights[:, None].contiguous(),
                 "expert_offsets": got.expert_offsets, **_local(inputs, rank, n_local)}
-        if routed_experts.split_rank(platform, config, case):  # a FLASH rank, estimate only
+        if routed_experts.split_rank(platform, config, case):  # a FLASH EP4 rank, estimate only
             routed_experts.estimate_rank_in_chunks(
                 platform, config, case, rank, args,
                 variants.get("v41.routed_experts", "reference"), launch=launchers[rank])
