@@ -108,13 +108,15 @@ def compressed_constants(pypto, tile, d, *, high_first=False):
     return byte_of, inv_div, table
 
 
-def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale_e8m0=False):
+def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale_e8m0=False,
+                    rows=16):
     """BF16 ``[tile, d]`` rows from packed uint8 E2M1 pairs ``[tile, d/2]`` and uint8 E4M3
     scale codes ``[tile * d / group]`` (flat, row-major); ``consts`` from
-    :func:`compressed_constants`.  ``scale_e8m0`` is a deliberately wrong reading (scales
-    as E8M0) for the harness's wrong-kernel tests."""
+    :func:`compressed_constants`.  The row steps run ``rows`` key rows a vector tile (the
+    value is exact whatever the tile).  ``scale_e8m0`` is a deliberately wrong reading
+    (scales as E8M0) for the harness's wrong-kernel tests."""
     byte_of, inv_div, table = consts
-    n, rt = tile * d // group, min(tile, 16)
+    n, rt = tile * d // group, min(tile, rows)
     # element k reads byte k // 2 (a column gather: a concat along a 1-wide last dim is not
     # an aligned tile) and its nibble floor(b / 16^(k odd)) mod 16; the signed byte the
     # interpreter reads gives the same nibbles under floor-mod

@@ -56,6 +56,7 @@ from v41.cube_tiles import cube_tiles
 from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys decoded and scored per step
+DECODE_ROWS = 32  # key rows per vector tile of the gather and the E2M1 decoder
 INT32_MAX = 2 ** 31 - 1
 
 VARIANTS = {
@@ -193,9 +194,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for j in pypto.loop(ntiles, name="IDX_KEY_TILES", idx_name="j"):
                 ids = pypto.view(phys, [1, tile], [0, j * tile])
                 packed, scodes, _ = gather_tile(pypto, ids, tile, payload, scales, slots, g,
-                                                 (min(tile, 16), half), False)
+                                                 (min(tile, DECODE_ROWS), half), False)
                 kb = mx_decode.compressed_rows(pypto, packed, scodes, consts, tile, d, group,
-                                               scale_e8m0=True)
+                                               scale_e8m0=True, rows=DECODE_ROWS)
                 dot = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
                 pypto.set_vec_tile_shapes(h, tile)
                 dot = pypto.maximum(pypto.cast(pypto.cast(dot, pypto.DT_BF16), pypto.DT_FP32),

@@ -91,6 +91,9 @@ from v41.cube_tiles import cube_tiles
 from v41.paged_rows import gather_tile, scale_slots
 
 KEY_TILE = 64  # keys per online-softmax step
+# key rows per vector tile of the gathers and MX decoders: 32 rows halve the decode tasks
+# of 16 and fit the UB; 64 rows ([64, 512] FP32 intermediates) do not
+DECODE_ROWS = 32
 KEY_ALIGN = 16  # default key counts are rounded up to this (-1 padded)
 INT32_MAX = 2 ** 31 - 1
 
@@ -241,10 +244,10 @@ def _window_state(pypto, t, qt, sink, win, o):
     for j in range(keys // tile):  # unrolled at trace time
         ids = pypto.view(indices, [1, tile], [t, j * tile])
         codes, scodes, bias = gather_tile(pypto, ids, tile, payload, scales, slots, g,
-                                          (min(tile, 16), d), o["fp32_rows"])
-        pypto.set_vec_tile_shapes(min(tile, 16), d)
+                                          (min(tile, DECODE_ROWS), d), o["fp32_rows"])
+        pypto.set_vec_tile_shapes(min(tile, DECODE_ROWS), d)
         kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, o["wgroup"],
-                                   row_tile=(min(tile, 16), d))
+                                   row_tile=(min(tile, DECODE_ROWS), d))
         state = _attend(pypto, qt, kb, bias, state, h, d, tile, o["scale"], o["mask"])
     return state
 
@@ -256,10 +259,11 @@ def _compressed_state(pypto, t, qt, state, comp, o):
     cindices, cpayload, cscales, cslots, cg, ctile, ckeys, consts = comp
     for c in range(ckeys // ctile):  # unrolled at trace time
         ids = pypto.view(cindices, [1, ctile], [t, c * ctile])
-        packed, scodes, bias = gather_tile(pypto, ids, ctile, cpayload, cscales, cslots,
-                                           cg, (min(ctile, 16), o["half"]), o["fp32_rows"])
+        packed, scodes, bias = gather_tile(pypto, ids, ctile, cpayload, cscales, cslots, cg,
+                                           (min(ctile, DECODE_ROWS), o["half"]),
+                                           o["fp32_rows"])
         kb = mx_decode.compressed_rows(pypto, packed, scodes, consts, ctile, d, o["cgroup"],
-                                       scale_e8m0=o["scale_e8m0"])
+                                       scale_e8m0=o["scale_e8m0"], rows=DECODE_ROWS)
         state = _attend(pypto, qt, kb, bias, state, h, d, ctile, o["scale"], o["mask"])
     return state
 
