@@ -23,6 +23,11 @@ Kernel algorithm (per token, all local heads at once):
   :mod:`v41.mx_decode` (window: E4M3 x E8M0 per 32; compressed: packed E2M1 pairs, low
   nibble first, through a 16-entry value table, x E4M3 per 16) to BF16, exact.  The
   FP8/FP4 dtypes are not used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
+  Gathers and decoders run ``DECODE_ROWS`` (32) key rows a vector tile.  The A5 cost
+  model's AICPU charges each task and each dependency edge (``resolveCycles`` 390), and at
+  FLASH T=192 that, not the pipes (under 20 % busy), sets the time: 16-row pieces, each
+  waiting on three loop-invariant decode constants, were half the tasks (95 -> 55 tasks
+  and 330 -> 200 edges a token; TP4 T=192 4,167 -> 2,207 us, outputs bit for bit equal).
 * logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, times ``softmax_scale``; keys with a
   -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
   every INT32 id);
