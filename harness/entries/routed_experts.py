@@ -40,7 +40,7 @@ from goldens.config import local_experts
 from goldens.moe import ExpertWeights, quantize_routed_expert, routed_expert
 from harness.case import Case, Support
 from harness.compare import check_row_bound, check_sentinel, check_zero_rows
-from harness.fixtures import SENTINEL, generator, placeholders_wanted, randn, sentinel
+from harness.fixtures import SENTINEL, generator, is_broadcast, placeholders_wanted, randn, sentinel
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
 from harness.registry import Entry, SutOutput, Work, register
 
@@ -203,7 +203,8 @@ def rank_inputs(config, case, rank: int, inputs) -> dict:
     rw[:n, 0] = inputs["weights"][toks, slots]
     args = {"x": x, "route_weight": rw, "expert_offsets": off}
     for name in WEIGHT_NAMES:
-        args[name] = inputs[name][rank * n_local:(rank + 1) * n_local].contiguous()
+        w = inputs[name][rank * n_local:(rank + 1) * n_local]
+        args[name] = w if is_broadcast(w) else w.contiguous()  # placeholders stay views
     args["y"] = torch.full((cap, config.hidden_size), SENTINEL, dtype=torch.bfloat16)
     args["h_mx"] = torch.full((cap, config.moe.intermediate_size), SENTINEL,
                               dtype=torch.bfloat16)  # kernel scratch, not compared
