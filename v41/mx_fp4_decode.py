@@ -15,22 +15,28 @@ E2M1 value has at most two significant bits and ``2^(s-127)`` is a power of two 
 ``exp`` estimate of the power is rounded away by the BF16 cast, as in
 :mod:`v41.mx_decode`).
 
-Schedule (A5 cost model, one FLASH expert, 3 rows): each byte's two values come from two
-256-entry tables (:func:`byte_tables`, one gather each) instead of ~30 floor/multiply steps,
-the work runs in ``[1024, 16]`` tiles (one scale per tile row, so no reshape between a
-row layout and a group layout), and the whole decode of one weight tile is forced into one
-subgraph (:mod:`v41.subgraph`): left to the partitioner it was cut into many small
-subgraphs whose intermediates went through global memory (60 % of the estimate).
+Schedule (A5 cost model): each byte's two values come from two 384-entry tables
+(:func:`byte_tables`, one gather each) instead of ~30 floor/multiply steps, and the decode
+of one weight tile is forced into one subgraph (:mod:`v41.subgraph`): left to the
+partitioner it was cut into many small subgraphs whose intermediates went through global
+memory.  A tile is whole rows, which are contiguous, so the packed weight and its scales are
+read through ``[rows * K/32, 16]`` and ``[rows * K/32, 1]`` reshapes of the GM tensors:
+every step runs in the same ``[1024, 16]`` tiles (one scale per tile row) from the load to
+the BF16 result.  The earlier schedule loaded ``[16, K/2]`` rows and reshaped them on chip
+into the group layout, and wrapped each signed byte read to 0..255 with four vector steps;
+each of its reshapes went through global memory and back, and one FLASH W2 tile
+``[128, 1152]`` took 113.6 k cycles against 51.9 k now.
 """
 
 import math
 
-from v41.mx_decode import e2m1_values, unsigned_codes
+from v41.mx_decode import e2m1_values
 from v41.subgraph import one_subgraph
 
 LN2 = math.log(2.0)
 PACKED_PER_SCALE = 16  # packed bytes (32 logical columns) per E8M0 scale
 VEC_COLS = 1024  # vector tile columns at most (A5 unified buffer)
+TABLE_SPAN = 384  # byte table entries: a code read as signed or unsigned, plus 128
 GROUP_ROWS = 1024  # [GROUP_ROWS, 16] FP32 tiles (64 KB): 2048 overflows the UB, 512 is slower
 
 
@@ -44,52 +50,52 @@ def even_odd_ids(pypto, k):
 
 
 def byte_tables(pypto, *, swap_nibbles=False):
-    """``(lo, hi)`` FP32 ``[256]``: entry ``b`` is the E2M1 value of the low (``lo``) and the
-    high (``hi``) nibble of byte ``b``.  Build them once, before the loops.
+    """``(lo, hi)`` FP32 ``[384]``: entry ``k`` is the E2M1 value of the low (``lo``) and the
+    high (``hi``) nibble of byte ``(k - 128) mod 256``, so a packed byte read as signed
+    (-128..127, as the interpreter casts uint8) or as unsigned (0..255) indexes its entry at
+    ``code + 128`` with no wrap-around arithmetic.  Build them once, before the loops.
     ``swap_nibbles`` swaps the two (a deliberately wrong reading: logical column ``2i`` from
     the HIGH nibble, for the harness's wrong-kernel tests)."""
-    pypto.set_vec_tile_shapes(256)
-    b = pypto.arange(0.0, 256.0, 1.0)
+    pypto.set_vec_tile_shapes(TABLE_SPAN)
+    k = pypto.sub(pypto.arange(0.0, float(TABLE_SPAN), 1.0), 128.0)
+    b = pypto.sub(k, pypto.mul(pypto.floor(pypto.mul(k, 1.0 / 256.0)), 256.0))  # 0..255
     high = pypto.floor(pypto.mul(b, 1.0 / 16.0))
     low = pypto.sub(b, pypto.mul(high, 16.0))
     lo, hi = e2m1_values(pypto, low), e2m1_values(pypto, high)
     return (hi, lo) if swap_nibbles else (lo, hi)
 
 
-def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
-    """``(lo, hi)`` BF16 ``[n_tile, kh]``: rows ``n0 .. n0+n_tile`` and packed columns
-    ``c0 .. c0+kh`` of local expert ``expert`` of the stacked packed weight ``packed
-    [L, N, K/2]`` (scales ``[L, N, K/32]``), decoded exactly; ``lo`` holds logical columns
-    ``2(c0+i)``, ``hi`` ``2(c0+i)+1``.  ``tables`` from :func:`byte_tables`; ``c0`` and
-    ``kh`` are multiples of 16.
+def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
+    """``(lo, hi)`` BF16 ``[n_tile, K/2]``: whole rows ``n0 .. n0+n_tile`` of local expert
+    ``expert`` of the stacked packed weight ``packed [L, N, K/2]`` (scales ``[L, N, K/32]``),
+    decoded exactly; ``lo`` holds logical columns ``2i``, ``hi`` ``2i+1``.  ``tables`` from
+    :func:`byte_tables`.
 
     Rounding boundary: none until the BF16 cast of ``value * 2^(s-127)``, which is exact
     (golden ``goldens.quant.dequantize_fp4_expert_weight``)."""
     with one_subgraph(pypto):
-        return _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh)
+        return _pair_tile(pypto, packed, scales, tables, expert, n0, n_tile)
 
 
-def _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
+def _pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
+    experts, rows_n, kh = packed.shape
     groups = kh // PACKED_PER_SCALE  # one E8M0 scale per 16 packed bytes
     n = n_tile * groups
-    rt = min(n_tile, 16)
     t = min(n, GROUP_ROWS)
-    # uint8 tiles: a whole 32-byte block in the last dim, even over narrower tensors
-    pypto.set_vec_tile_shapes(1, rt, min(max(kh, 32), VEC_COLS))
-    codes = pypto.reshape(pypto.view(packed, [1, n_tile, kh], [expert, n0, c0]), [n_tile, kh])
+    # whole rows are contiguous: the tile is rows of 16 packed bytes and their one scale
+    # (GM reshapes, no copy), so no step changes the tile layout until the result
+    row0 = (expert * rows_n + n0) * groups
     pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
-    b = unsigned_codes(pypto, pypto.reshape(codes, [n, PACKED_PER_SCALE]))  # FP32 0..255
-    idx = pypto.cast(b, pypto.DT_INT32)
+    codes = pypto.view(pypto.reshape(packed, [experts * rows_n * groups, PACKED_PER_SCALE]),
+                       [n, PACKED_PER_SCALE], [row0, 0])
+    idx = pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(t, 1)
+    sc = pypto.view(pypto.reshape(scales, [experts * rows_n * groups, 1]), [n, 1], [row0, 0])
+    c = pypto.cast(sc, pypto.DT_FP32)  # signed or unsigned: wrapped to 0..255 below
+    c = pypto.add(c, pypto.mul(pypto.floor(pypto.mul(c, 1.0 / 256.0)), -256.0))
+    pw = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
     pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
     idx = pypto.reshape(idx, [n * PACKED_PER_SCALE])
-    pypto.set_vec_tile_shapes(1, rt, -(-groups // 32) * 32)
-    sc = pypto.reshape(pypto.view(scales, [1, n_tile, groups],
-                                  [expert, n0, c0 // PACKED_PER_SCALE]), [n_tile, groups])
-    pypto.set_vec_tile_shapes(rt, -(-groups // 32) * 32)
-    c = unsigned_codes(pypto, sc)
-    pypto.set_vec_tile_shapes(t)
-    c = pypto.reshape(c, [n])
-    pw = pypto.reshape(pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2)), [n, 1])
     out = []
     for table in tables:  # unrolled at trace time: lo, then hi
         pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
@@ -97,6 +103,6 @@ def _pair_tile(pypto, packed, scales, tables, expert, n0, c0, n_tile, kh):
         pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
         val = pypto.mul(pypto.reshape(val, [n, PACKED_PER_SCALE]), pw)
         val = pypto.cast(val, pypto.DT_BF16)
-        pypto.set_vec_tile_shapes(rt, min(kh, VEC_COLS))
+        pypto.set_vec_tile_shapes(min(n_tile, 16), min(kh, VEC_COLS))
         out.append(pypto.reshape(val, [n_tile, kh]))
     return out[0], out[1]

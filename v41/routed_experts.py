@@ -65,8 +65,13 @@ from v41 import mx_fp4_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 
 ROW_TILE = 16  # dispatched rows per row tile
-I_TILE = 128  # W1/W3 rows (and W2 column block) per decoded weight tile
-D_TILE = 128  # W2 rows per decoded weight tile
+# W1/W3 rows (and W2 column block) and W2 rows per decoded weight tile.  Larger tiles are
+# fewer loop iterations per expert, so more experts fit one stitched submission (at most
+# 128 functions, v41.abi) and their decodes overlap.  FLASH, 4 experts x 3 rows: 777 us at
+# 128/128 with N 128 cube tiles, 621 us at 384/512, 499 us at 256/512 with N 256 tiles
+# (768/512, 384/1024 and N 512 tiles are slower); 12 experts: 1,492 us.
+I_TILE = 256
+D_TILE = 512
 
 VARIANTS = {
     "reference": "the contract",
@@ -162,9 +167,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         h_mx: pypto.Tensor([rows_dim, inter], pypto.DT_BF16),
     ):
         total = x.shape[0]
-        # K 64/512, N 128: a third of the cube time of K 32/256, N 64 at FLASH (fewer, larger
-        # copies of the decoded BF16 tiles into L1)
-        pypto.set_cube_tile_shapes([16, 16], [64, 512], [128, 128])
+        # K 64/512: a third of the cube time of K 32/256 at FLASH (fewer, larger copies of the
+        # decoded BF16 tiles into L1); N 256 halves the cube tasks of N 128 (N only splits
+        # outputs: the K order, hence every FP32 sum, is the same)
+        pypto.set_cube_tile_shapes([16, 16], [64, 512], [256, 256])
         tables = mx_fp4_decode.byte_tables(pypto, swap_nibbles=swap)
         x_even, x_odd = mx_fp4_decode.even_odd_ids(pypto, d)
         h_even, h_odd = mx_fp4_decode.even_odd_ids(pypto, it)
@@ -185,7 +191,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     gu = []
                     for w, ws in ((w1, w1_scale), (w3, w3_scale)):
                         lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w, ws, tables, j, p * it,
-                                                             0, it, dh)
+                                                             it)
                         # re-view: a tensor entering a nested loop loses its valid shape
                         pypto.set_vec_tile_shapes(rows, cols(dh))
                         ae = pypto.view(a_even, [rows, dh], [0, 0], valid_shape=[valid, dh])
@@ -220,7 +226,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 for nt in pypto.loop(d // dt, name="RE_W2", idx_name="nt"):
                     # all of K at once: h_mx holds MX(h)'s even columns, then its odd ones
                     lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w2, w2_scale, tables, j,
-                                                         nt * dt, 0, dt, ih)
+                                                         nt * dt, dt)
                     pypto.set_vec_tile_shapes(rows, cols(ih))
                     he = pypto.view(h_mx, [rows, ih], [start, 0], valid_shape=[valid, ih])
                     ho = pypto.view(h_mx, [rows, ih], [start, ih], valid_shape=[valid, ih])
