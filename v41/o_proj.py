@@ -123,6 +123,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = attn_out.shape[0]
         pypto.set_cube_tile_shapes(*cube)
+        table = mx_linear.e4m3_table(pypto)
         row_tiles = (tokens + rows - 1) // rows
         for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
             start = i * rows
@@ -152,7 +153,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 mx_linear.assemble_rows(pypto, xq, lat_mx, start, g * lora, rows, valid, lora)
         for nt in pypto.loop(hidden // N_TILE, name="O_WO_B", idx_name="nt"):
             wt = mx_linear.mx_weight_tile_bf16(pypto, wo_b, wo_b_scale, nt * N_TILE, 0, N_TILE,
-                                               k, scale_up=scale_up)
+                                               k, scale_up=scale_up, table=table)
             for i in pypto.loop(row_tiles, name="O_WO_B_ROWS", idx_name="r"):
                 start = i * rows
                 valid = (tokens - start).min(rows)

@@ -125,8 +125,9 @@ def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
     row tile of ``rows`` tokens."""
     row_tiles = (tokens + rows - 1) // rows
     width = mx_linear.tile_width(n, N_TILE)
+    table = mx_linear.e4m3_table(pypto)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
-        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k)
+        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k, table=table)
         for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)

@@ -38,10 +38,11 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
     row_tiles = (active + rows - 1) // rows
+    table = mx_linear.e4m3_table(pypto)
     for h in pypto.loop(heads, name=name, idx_name="h"):
         for c in range(head_dim // width):  # unrolled at trace time; the last holds the tail
             wt = mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
-                                               width, k, scale_up=scale_up)
+                                               width, k, scale_up=scale_up, table=table)
             for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
                 start = i * rows
                 valid = (active - start).min(rows)

@@ -60,7 +60,6 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 from v41 import mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
@@ -122,12 +121,11 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
     return pypto.mul(silu, u)
 
 
-def weight_tile(pypto, w, w_scale, n0, n, k):
-    """BF16 ``[n, k]``: rows ``n0 .. n0+n`` of the MXFP8 weight ``w`` decoded exactly
-    (:func:`v41.mx_linear.mx_weight_tile_bf16`), as one subgraph (:mod:`v41.subgraph`;
-    FLASH T=21 estimate 1,294 -> 788 us)."""
-    with one_subgraph(pypto):
-        return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k)
+def weight_tile(pypto, w, w_scale, n0, n, k, table):
+    """BF16 ``[n, k]``: rows ``n0 .. n0+n`` of the MXFP8 weight ``w`` decoded exactly by
+    :func:`v41.mx_linear.mx_weight_tile_bf16`'s whole-row path (``table`` from
+    :func:`v41.mx_linear.e4m3_table`; one subgraph)."""
+    return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k, table=table)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -180,6 +178,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = num_tokens[0]
         row_tiles = (active + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
+        table = mx_linear.e4m3_table(pypto)
         for r in pypto.loop(row_tiles, name="SE_XQ", idx_name="r"):
             start = r * rows
             valid = (active - start).min(rows)
@@ -189,8 +188,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
             mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
         for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
-            w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden)
-            w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden)
+            w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
+            w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
             for r in pypto.loop(row_tiles, name="SE_H_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
@@ -205,7 +204,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                                   skip_quant=skip_h_quant)
                 pypto.assemble(hq, [start, j * i_tile], h_mx)
         for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
-            w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter)
+            w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter, table)
             for r in pypto.loop(row_tiles, name="SE_Y_ROWS", idx_name="r"):
                 start = r * rows
                 valid = (active - start).min(rows)
