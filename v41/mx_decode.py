@@ -37,10 +37,32 @@ def _group_tiles(pypto, n, group, pieces=1):
     pypto.set_vec_tile_shapes(min(GROUP_TILE_ELEMS // group, max(n // pieces, 16)), group)
 
 
+def byte_mod(pypto, v):
+    """``v mod 256`` of FP32 integers ``v`` (exact floor arithmetic)."""
+    return pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))
+
+
 def unsigned_codes(pypto, codes):
     """FP32 0..255 of uint8 ``codes`` (the interpreter casts uint8 as signed)."""
-    v = pypto.cast(codes, pypto.DT_FP32)
-    return pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))
+    return byte_mod(pypto, pypto.cast(codes, pypto.DT_FP32))
+
+
+def table_bytes(pypto, span):
+    """FP32 ``[span]``: entry ``k`` holds the byte ``(k - 128) mod 256``.  A decode table
+    built over it is indexed at ``code + 128`` whether a uint8 code is read as signed
+    (-128..127, as the interpreter casts uint8) or unsigned (0..255, as a card does)."""
+    pypto.set_vec_tile_shapes(span)
+    return byte_mod(pypto, pypto.sub(pypto.arange(0.0, float(span), 1.0), 128.0))
+
+
+def e8m0_pow2(pypto, codes):
+    """FP32 ``2^(s - 127)`` of uint8 E8M0 ``codes`` read signed or unsigned, in the
+    caller's vector tiles.  The wrap to 0..255 adds ``-256 * floor(c / 256)`` (the cost
+    model charges a tensor SUB about 4x an ADD).  The ``exp`` estimate of the power is
+    rounded away by the caller's BF16 cast of an exact product."""
+    c = pypto.cast(codes, pypto.DT_FP32)
+    c = pypto.add(c, pypto.mul(pypto.floor(pypto.mul(c, 1.0 / 256.0)), -256.0))
+    return pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
 
 
 def e4m3_parts(pypto, v):

@@ -28,12 +28,9 @@ each of its reshapes went through global memory and back, and one FLASH W2 tile
 ``[128, 1152]`` took 113.6 k cycles against 51.9 k now.
 """
 
-import math
-
-from v41.mx_decode import e2m1_values
+from v41.mx_decode import e2m1_values, e8m0_pow2, table_bytes
 from v41.subgraph import one_subgraph
 
-LN2 = math.log(2.0)
 PACKED_PER_SCALE = 16  # packed bytes (32 logical columns) per E8M0 scale
 VEC_COLS = 1024  # vector tile columns at most (A5 unified buffer)
 TABLE_SPAN = 384  # byte table entries: a code read as signed or unsigned, plus 128
@@ -56,9 +53,7 @@ def byte_tables(pypto, *, swap_nibbles=False):
     ``code + 128`` with no wrap-around arithmetic.  Build them once, before the loops.
     ``swap_nibbles`` swaps the two (a deliberately wrong reading: logical column ``2i`` from
     the HIGH nibble, for the harness's wrong-kernel tests)."""
-    pypto.set_vec_tile_shapes(TABLE_SPAN)
-    k = pypto.sub(pypto.arange(0.0, float(TABLE_SPAN), 1.0), 128.0)
-    b = pypto.sub(k, pypto.mul(pypto.floor(pypto.mul(k, 1.0 / 256.0)), 256.0))  # 0..255
+    b = table_bytes(pypto, TABLE_SPAN)
     high = pypto.floor(pypto.mul(b, 1.0 / 16.0))
     low = pypto.sub(b, pypto.mul(high, 16.0))
     lo, hi = e2m1_values(pypto, low), e2m1_values(pypto, high)
@@ -91,9 +86,7 @@ def _pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
     idx = pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
     pypto.set_vec_tile_shapes(t, 1)
     sc = pypto.view(pypto.reshape(scales, [experts * rows_n * groups, 1]), [n, 1], [row0, 0])
-    c = pypto.cast(sc, pypto.DT_FP32)  # signed or unsigned: wrapped to 0..255 below
-    c = pypto.add(c, pypto.mul(pypto.floor(pypto.mul(c, 1.0 / 256.0)), -256.0))
-    pw = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
+    pw = e8m0_pow2(pypto, sc)
     pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
     idx = pypto.reshape(idx, [n * PACKED_PER_SCALE])
     out = []

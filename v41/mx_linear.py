@@ -74,10 +74,7 @@ def e4m3_table(pypto):
     """FP32 ``[384]``: entry ``k`` is the E4M3 value of code ``(k - 128) mod 256`` (a code
     read as signed or unsigned indexes its entry at ``code + 128``; the NaN codes, never
     published, get a finite value).  Build it once, before the loops."""
-    pypto.set_vec_tile_shapes(CODE_SPAN)
-    v = pypto.sub(pypto.arange(0.0, float(CODE_SPAN), 1.0), 128.0)
-    v = pypto.sub(v, pypto.mul(pypto.floor(pypto.mul(v, 1.0 / 256.0)), 256.0))
-    frac, expo = mx_decode.e4m3_parts(pypto, v)
+    frac, expo = mx_decode.e4m3_parts(pypto, mx_decode.table_bytes(pypto, CODE_SPAN))
     return pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0), LN2)))
 
 
@@ -118,9 +115,7 @@ def _whole_rows(pypto, w_codes, srep, table, n0, n_tile, k, group):
     t = min(n, GROUP_ROWS)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(t)
-        c = pypto.cast(pypto.reshape(srep, [n]), pypto.DT_FP32)  # signed or unsigned read
-        c = pypto.add(c, pypto.mul(pypto.floor(pypto.mul(c, 1.0 / 256.0)), -256.0))
-        pw = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
+        pw = mx_decode.e8m0_pow2(pypto, pypto.reshape(srep, [n]))
         pypto.set_vec_tile_shapes(t, 1)
         pw = pypto.reshape(pw, [n, 1])
         pypto.set_vec_tile_shapes(t, group)
