@@ -1,23 +1,28 @@
-"""Arithmetic decode of the two KV-cache formats inside a pypto kernel (trace-time helpers).
+"""Arithmetic of the MX formats inside a pypto kernel (trace-time helpers): code values,
+the byte tables the gathers read, and an arithmetic MXFP8 row decoder.
 
 pypto 0.2.0 has no usable FP4 dtype, misdecodes FP8 exponent 15 and reads uint8 as signed
-when casting, so the caches are carried as uint8 codes and decoded with FP32 floor
-arithmetic (exact: every intermediate is a small integer or a dyadic fraction):
+when casting, so caches and weights are carried as uint8 codes and decoded with FP32 floor
+arithmetic (exact: every intermediate is a small integer or a dyadic fraction) or by a
+gather from a table built that way (:func:`table_bytes`, :func:`e4m3_table`):
 
-* MXFP8 window rows: E4M3 payload codes x E8M0 scale codes (one per ``window_group``).
-* MXFP4 compressed rows: packed E2M1 pairs (element ``2i`` in the LOW nibble of byte ``i``,
-  ``2i+1`` in the high nibble) x E4M3 scale codes (one per ``compressed_group``).
+* E4M3 codes (:func:`e4m3_parts`, :func:`e4m3_values`), E2M1 nibbles (:func:`e2m1_values`),
+  E8M0 powers of two (:func:`e8m0_pow2`);
+* :func:`window_rows`: MXFP8 rows (E4M3 codes x E8M0 scale per group) from ``[rows, d]``
+  tiles, for the column-block weight tiles of :mod:`v41.mx_linear` (whole rows of a cache
+  or a weight go through :mod:`v41.kv_decode` / ``mx_linear._whole_rows``).
 
-Each decoder returns BF16 rows.  The powers of two are ``exp(x*ln2)`` (the cost model has
-no ``exp2`` pipe); the exact product has at most 6 significant bits, so the BF16 cast
-rounds the ``exp`` error away and the rows equal the golden's FP32 dequantization.
+The powers of two are ``exp(x*ln2)`` (the cost model has no ``exp2`` pipe); a decoded
+product has at most 6 significant bits, so the caller's BF16 cast rounds the ``exp`` error
+away and the values equal the golden's FP32 dequantization.
 
-Golden: ``goldens.quant.dequantize_window_kv`` / ``dequantize_compressed_kv``.
+Golden: ``goldens.quant.dequantize_window_kv`` / ``dequantize_fp8_weight``.
 """
 
 import math
 
 LN2 = math.log(2.0)
+TABLE_SPAN = 384  # entries of a byte table: a code read as signed or unsigned, plus 128
 SCALE_TILE = 2048  # 1-D tile of the per-group scale codes at most (8 KB FP32)
 GROUP_TILE_ELEMS = 16384  # [rows, group] tile of the per-group scale step (64 KB FP32)
 
@@ -77,6 +82,20 @@ def e4m3_parts(pypto, v):
     return frac, expo
 
 
+def e4m3_values(pypto, v):
+    """FP32 E4M3 values of FP32 codes ``v`` (0..255): ``frac * 2^(max(expo, 1) - 7)``, the
+    power by ``exp`` (rounded away by the caller's BF16 cast of an exact product)."""
+    frac, expo = e4m3_parts(pypto, v)
+    return pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0), LN2)))
+
+
+def e4m3_table(pypto):
+    """FP32 ``[384]``: entry ``k`` is the E4M3 value of code ``(k - 128) mod 256`` (a code
+    read as signed or unsigned indexes its entry at ``code + 128``; the NaN codes, never
+    published, get a finite value).  Build it once, before the loops."""
+    return e4m3_values(pypto, table_bytes(pypto, TABLE_SPAN))
+
+
 def e2m1_values(pypto, c):
     """FP32 E2M1 values of FP32 nibble codes ``c`` (0..15; bit 3 = sign): the magnitude
     code ``r`` gives 0, .5, 1, 1.5, 2, 3, 4, 6 = ``r/2 + max(r-4,0)/2 + max(r-6,0)``."""
@@ -106,60 +125,3 @@ def window_rows(pypto, codes, scale_codes, tile, d, group, row_tile, pieces=1):
     val = pypto.mul(pypto.reshape(frac, [n, group]), pw)
     pypto.set_vec_tile_shapes(*row_tile)
     return pypto.cast(pypto.reshape(val, [tile, d]), pypto.DT_BF16)
-
-
-def compressed_constants(pypto, tile, d, *, high_first=False):
-    """Loop-invariant tensors of :func:`compressed_rows` (build them once, before the token
-    loop): the byte of each element ``k // 2`` INT32 ``[d]``, the nibble divisor ``1`` (even
-    ``k``: low nibble) or ``1/16`` (odd ``k``: high nibble) FP32 ``[tile, d]``, and the
-    16-entry E2M1 value table FP32 ``[16]``.  ``high_first`` swaps the nibbles (a
-    deliberately wrong reading for the harness's wrong-kernel tests)."""
-    pypto.set_vec_tile_shapes(d)
-    col = pypto.arange(0.0, float(d), 1.0)
-    byte_of = pypto.floor(pypto.mul(col, 0.5))
-    odd = pypto.sub(col, pypto.mul(byte_of, 2.0))  # 0 / 1
-    if high_first:
-        odd = pypto.add(pypto.mul(odd, -1.0), 1.0)
-    inv_div = pypto.reshape(pypto.add(pypto.mul(odd, 1.0 / 16.0 - 1.0), 1.0), [1, d])
-    # one task per constant: each of their tasks is waited on by every key tile's tasks
-    byte_of = pypto.cast(byte_of, pypto.DT_INT32)
-    pypto.set_vec_tile_shapes(min(tile, GROUP_TILE_ELEMS * 2 // d), d)  # 128 KB at most
-    inv_div = pypto.expand_clone(inv_div, [tile, d])
-    pypto.set_vec_tile_shapes(16)
-    table = e2m1_values(pypto, pypto.arange(0.0, 16.0, 1.0))
-    return byte_of, inv_div, table
-
-
-def compressed_rows(pypto, packed, scale_codes, consts, tile, d, group, *, scale_e8m0=False,
-                    rows=16):
-    """BF16 ``[tile, d]`` rows from packed uint8 E2M1 pairs ``[tile, d/2]`` and uint8 E4M3
-    scale codes ``[tile * d / group]`` (flat, row-major); ``consts`` from
-    :func:`compressed_constants`.  The row steps run ``rows`` key rows a vector tile (the
-    value is exact whatever the tile).  ``scale_e8m0`` is a deliberately wrong reading
-    (scales as E8M0) for the harness's wrong-kernel tests."""
-    byte_of, inv_div, table = consts
-    n, rt = tile * d // group, min(tile, rows)
-    # element k reads byte k // 2 (a column gather: a concat along a 1-wide last dim is not
-    # an aligned tile) and its nibble floor(b / 16^(k odd)) mod 16; the signed byte the
-    # interpreter reads gives the same nibbles under floor-mod
-    pypto.set_vec_tile_shapes(rt, d)
-    b = pypto.cast(pypto.index_select(packed, 1, byte_of), pypto.DT_FP32)  # [tile, d]
-    x = pypto.floor(pypto.mul(b, inv_div))
-    code = pypto.sub(x, pypto.mul(pypto.floor(pypto.mul(x, 1.0 / 16.0)), 16.0))
-    code = pypto.cast(code, pypto.DT_INT32)
-    pypto.set_vec_tile_shapes(rt * d)
-    flat = pypto.reshape(code, [tile * d])
-    elem = pypto.index_select(table, 0, flat)
-    _scale_tiles(pypto, n)
-    c = unsigned_codes(pypto, scale_codes)  # [n]
-    if scale_e8m0:
-        scale = pypto.exp(pypto.mul(pypto.sub(c, 127.0), LN2))
-    else:
-        frac, expo = e4m3_parts(pypto, c)
-        scale = pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0),
-                                                    LN2)))
-    _group_tiles(pypto, n, group)
-    val = pypto.mul(pypto.reshape(elem, [n, group]), pypto.reshape(scale, [n, 1]))
-    val = pypto.cast(val, pypto.DT_BF16)  # in the same tiles: no [16, d] cast tasks
-    pypto.set_vec_tile_shapes(rt, d)
-    return pypto.reshape(val, [tile, d])

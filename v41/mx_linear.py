@@ -32,7 +32,6 @@ from v41.subgraph import one_subgraph
 MX_GROUP = 32
 LN2 = math.log(2.0)
 VEC_COLS = 1024  # vector tile columns at most: 16 x 1024 FP32 = 64 KB of the 248 KB UB
-CODE_SPAN = 384  # E4M3 table entries: a code read as signed or unsigned, plus 128
 GROUP_ROWS = 512  # [GROUP_ROWS, 32] tiles of the whole-row weight decode (64 KB FP32)
 UB_COPY_BYTES = 64 << 10  # one staged copy piece at most (a quarter of the UB)
 
@@ -70,22 +69,14 @@ def _weight_row_ids(pypto, n_tile, group):
     return pypto.cast(pypto.floor(pypto.mul(pypto.add(iota, 0.5), 1.0 / group)), pypto.DT_INT32)
 
 
-def e4m3_table(pypto):
-    """FP32 ``[384]``: entry ``k`` is the E4M3 value of code ``(k - 128) mod 256`` (a code
-    read as signed or unsigned indexes its entry at ``code + 128``; the NaN codes, never
-    published, get a finite value).  Build it once, before the loops."""
-    frac, expo = mx_decode.e4m3_parts(pypto, mx_decode.table_bytes(pypto, CODE_SPAN))
-    return pypto.mul(frac, pypto.exp(pypto.mul(pypto.sub(pypto.maximum(expo, 1.0), 7.0), LN2)))
-
-
 def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GROUP, *,
                         scale_up=False, table=None):
     """BF16 ``[n_tile, k]``: the block ``[n0 : n0 + n_tile, c0 : c0 + k]`` of the FP8 weight
     decoded exactly (``n0``, ``c0``, ``n_tile``, ``k`` multiples of ``group``).
     ``scale_up`` is a deliberately wrong reading (every block scale one binade too large).
-    With ``table`` (:func:`e4m3_table`) and whole rows (``c0 = 0``, ``k`` = all of K) the
-    tile is decoded by :func:`_whole_rows` as one subgraph; else by the arithmetic
-    :func:`v41.mx_decode.window_rows`."""
+    With ``table`` (:func:`v41.mx_decode.e4m3_table`) and whole rows (``c0 = 0``, ``k`` =
+    all of K) the tile is decoded by :func:`_whole_rows` as one subgraph; else by the
+    arithmetic :func:`v41.mx_decode.window_rows`."""
     kg = k // group
     row_ids = _weight_row_ids(pypto, n_tile, group)
     pypto.set_vec_tile_shapes(min(n_tile // group, 16), kg)

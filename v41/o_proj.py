@@ -40,7 +40,7 @@ lat_mx        (tokens, K)                     bfloat16  out  (scratch: MX(latent
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41 import mx_linear, rope_tail
+from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 
@@ -123,7 +123,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = attn_out.shape[0]
         pypto.set_cube_tile_shapes(*cube)
-        table = mx_linear.e4m3_table(pypto)
+        table = mx_decode.e4m3_table(pypto)
         row_tiles = (tokens + rows - 1) // rows
         for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
             start = i * rows

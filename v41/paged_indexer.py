@@ -17,15 +17,22 @@ the lower position (:func:`v41.rank_select.select`), listed by ascending logical
 physical rows, trailing -1 (:func:`v41.rank_select.ascending`).
 
 Kernel algorithm (per token): the physical row of every logical position is gathered once
-from the request's block-table row; the positions are scored in tiles of ``KEY_TILE`` keys,
-each tile gathering its packed E2M1 rows and E8M0 scale bytes (``index_select`` on
-``max(id, 0)``, as ``v41.sparse_attention`` does) and decoding them arithmetically
-(:func:`v41.mx_decode.compressed_rows` with E8M0 scales, exact to BF16) inside the scoring
-loop: there is no decoded-key buffer.  The tile's scores go to the token's row of the FP32
+from the request's block-table row; the positions up to ``compressed_lens[t]`` are scored in
+tiles of ``KEY_TILE`` (512) keys, a loop over the dynamic tile count.  Each tile's packed
+E2M1 rows and E8M0 scales are gathered and decoded to BF16 by
+:func:`v41.kv_decode.fp4_keys` (whole rows, one subgraph, exact) inside the scoring loop:
+there is no decoded-key buffer.  The tile's scores go to the token's row of the FP32
 ``scores`` buffer ``[tokens, max(width, topk)]`` (columns past ``width`` stay MASKED), which
 the Top-K then reads.  The host bounds ``tokens`` per launch by the score budget
 (``max_logits_bytes``) and validates every row id and length before launch
 (``harness.entries.paged_indexer.validate_launch``).
+
+Schedule (A5 cost model, FLASH TP4 T=192 in launches of 32 rows): 64-key tiles with the
+arithmetic decoder of ``v41.mx_decode`` (its on-chip reshapes went through global memory)
+took 1,842 us; the whole-row decoder and 512-key tiles take 384 us, the same Top-K rows.
+A token with a short prefix decodes a whole tile of masked keys; at decode lengths that
+costs less than the extra loop iterations (256-key tiles: 109 us against 73 us for a
+32-row FLASH launch).
 
 ABI
 ---
@@ -50,13 +57,11 @@ topk_rows            (tokens, topk)                      int32     out
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41 import mx_decode, rank_select
+from v41 import kv_decode, rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles
-from v41.paged_rows import gather_tile, scale_slots
 
-KEY_TILE = 64  # keys decoded and scored per step
-DECODE_ROWS = 32  # key rows per vector tile of the gather and the E2M1 decoder
+KEY_TILE = 512  # keys decoded and scored per step (the dims' width must be a multiple)
 INT32_MAX = 2 ** 31 - 1
 
 VARIANTS = {
@@ -143,10 +148,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
              compressed_lens, candidate_mask, scores, topk_rows):
         tokens = q.shape[0]
         # in-place views of the inputs: a copying reshape is a task every gather waits on
-        payload = pypto.reshape(index_key, [rows, half], inplace=True)
+        # in-place GM views of the key cache, one row per scale group
+        payload = pypto.reshape(index_key, [rows * g, group // 2], inplace=True)
         scales = pypto.reshape(index_key_scale, [rows * g], inplace=True)
-        slots = scale_slots(pypto, tile, g)
-        consts = mx_decode.compressed_constants(pypto, tile, d)
+        key_of = kv_decode.slot_constants(pypto, tile, g)
+        nibbles = kv_decode.nibble_constants(pypto, group)
+        table = kv_decode.nibble_table(pypto)
         pypto.set_vec_tile_shapes(padded)
         pos1 = pypto.arange(0.0, float(padded), 1.0)
         pypto.set_vec_tile_shapes(k)
@@ -193,10 +200,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 ntiles = width // tile
             for j in pypto.loop(ntiles, name="IDX_KEY_TILES", idx_name="j"):
                 ids = pypto.view(phys, [1, tile], [0, j * tile])
-                packed, scodes, _ = gather_tile(pypto, ids, tile, payload, scales, slots, g,
-                                                 (min(tile, DECODE_ROWS), half), False)
-                kb = mx_decode.compressed_rows(pypto, packed, scodes, consts, tile, d, group,
-                                               scale_e8m0=True, rows=DECODE_ROWS)
+                kb = kv_decode.fp4_keys(pypto, ids, payload, scales, table, key_of, nibbles,
+                                        tile, d, group, scale_e8m0=True)
                 dot = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
                 pypto.set_vec_tile_shapes(h, tile)
                 dot = pypto.maximum(pypto.cast(pypto.cast(dot, pypto.DT_BF16), pypto.DT_FP32),

@@ -55,7 +55,7 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41 import mx_linear, rope_tail
+from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import project_heads, store_rope_head
@@ -125,7 +125,7 @@ def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
     row tile of ``rows`` tokens."""
     row_tiles = (tokens + rows - 1) // rows
     width = mx_linear.tile_width(n, N_TILE)
-    table = mx_linear.e4m3_table(pypto)
+    table = mx_decode.e4m3_table(pypto)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
         wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k, table=table)
         for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):

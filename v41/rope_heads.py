@@ -2,7 +2,7 @@
 (trace-time helpers shared by the query kernels: :mod:`v41.qkv_proj_rope`,
 :mod:`v41.index_query`)."""
 
-from v41 import mx_linear, rope_tail
+from v41 import mx_decode, mx_linear, rope_tail
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
@@ -38,7 +38,7 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
     row_tiles = (active + rows - 1) // rows
-    table = mx_linear.e4m3_table(pypto)
+    table = mx_decode.e4m3_table(pypto)
     for h in pypto.loop(heads, name=name, idx_name="h"):
         for c in range(head_dim // width):  # unrolled at trace time; the last holds the tail
             wt = mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,

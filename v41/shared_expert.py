@@ -57,7 +57,7 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41 import mx_linear
+from v41 import mx_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 
@@ -124,7 +124,7 @@ def swiglu_tile(pypto, g, u, limit, *, clamp=True, silu_on_u=False):
 def weight_tile(pypto, w, w_scale, n0, n, k, table):
     """BF16 ``[n, k]``: rows ``n0 .. n0+n`` of the MXFP8 weight ``w`` decoded exactly by
     :func:`v41.mx_linear.mx_weight_tile_bf16`'s whole-row path (``table`` from
-    :func:`v41.mx_linear.e4m3_table`; one subgraph)."""
+    :func:`v41.mx_decode.e4m3_table`; one subgraph)."""
     return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k, table=table)
 
 
@@ -178,7 +178,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = num_tokens[0]
         row_tiles = (active + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
-        table = mx_linear.e4m3_table(pypto)
+        table = mx_decode.e4m3_table(pypto)
         for r in pypto.loop(row_tiles, name="SE_XQ", idx_name="r"):
             start = r * rows
             valid = (active - start).min(rows)

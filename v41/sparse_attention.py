@@ -15,28 +15,19 @@ softmax over the window and compressed keys together.
 
 Kernel algorithm (per token, all local heads at once):
 
-* the window keys, then the compressed keys, are processed in tiles of ``key_tile`` (64,
-  or the part's key count when smaller); each tile gathers its payload rows with
-  ``index_select`` on ``max(idx, 0)`` (a -1 index aborts the interpreter) and its scale
-  bytes from the flat scale table at ``row * groups + lane``, computed in INT32 (an FP32
-  row index is wrong past 2^24 flat slots); rows are decoded arithmetically by
-  :mod:`v41.mx_decode` (window: E4M3 x E8M0 per 32; compressed: packed E2M1 pairs, low
-  nibble first, through a 16-entry value table, x E4M3 per 16) to BF16, exact.  The
-  FP8/FP4 dtypes are not used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
-  Gathers and decoders run ``DECODE_ROWS`` (32) key rows a vector tile.  The A5 cost
-  model's AICPU charges each task and each dependency edge (``resolveCycles`` 390), and at
-  FLASH T=192 that, not the pipes (under 20 % busy), sets the time: 16-row pieces, each
-  waiting on three loop-invariant decode constants, were half the tasks (95 -> 55 tasks
-  and 330 -> 200 edges a token; TP4 T=192 4,167 -> 2,207 us, outputs bit for bit equal).
-* logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, times ``softmax_scale``; keys with a
-  -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
-  every INT32 id);
-* online softmax with FP32 running state (max ``m``, sum ``l``, accumulator ``acc``)
-  started at the sink: ``m = sink``, ``l = 1``, ``acc = 0``, carried from the window tiles
-  into the compressed tiles (unrolled at trace time).  The state is each token's own
-  trace-time value, not a tensor written in place, so no token waits for the previous
-  one's state (FLASH TP4 T=16: 2,584 -> 2,232 us estimated).  A fully masked tile or
-  token needs no branch: a token without a valid key gives exactly 0.
+* the keys come in parts: the window keys (one part of ``keys``) and the compressed keys
+  (parts of ``KEY_TILE`` = 512, or fewer when the token has fewer).  Each part's rows are
+  gathered by physical row id and decoded to BF16 by :mod:`v41.kv_decode` in one subgraph
+  (whole rows read one scale group a tile row; window: E4M3 x E8M0 per 32, compressed:
+  packed E2M1 pairs, low nibble first, x E4M3 per 16; exact).  A -1 id reads row 0 (a -1
+  index aborts the interpreter's gather) and is masked below.  The FP8/FP4 dtypes are not
+  used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
+* logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, one product per part, times
+  ``softmax_scale``; keys with a -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) *
+  1e30`` (a sign test, exact for every INT32 id);
+* one softmax over all the token's logits with the sink (FP32, one subgraph): ``m =
+  max(sink, max_j l_j)``, ``p_j = exp(l_j - m)``, ``l = exp(sink - m) + sum_j p_j``, as
+  the golden computes it.  A token without a valid key gives exactly 0.
 * ``P.V`` as three BF16 products with FP32 accumulation, ``P = P_hi + P_mid + P_lo``
   (each the BF16 cast of what the previous terms leave; the remainders are exact, so the
   three terms hold all 24 bits of the FP32 probability): the probabilities are the
@@ -44,12 +35,19 @@ Kernel algorithm (per token, all local heads at once):
   half-layer's row bound, 1.16x on decode SWA TINY: the o_proj MXFP8 activation
   quantization turns the small differences into rounding flips.  Two terms (~16 bits)
   still left 5-12 one-ulp output flips per rank at TINY, one of which crossed an MXFP8
-  code and failed the reserved TP4 batch of C1A Reindex (row 29, 1.024x the RMS bound);
-  with three terms those ranks' outputs equal the golden bit for bit.  The three terms
-  are stacked into one ``[3h, tile] x [tile, d]`` product and summed over the stack:
-  fewer tasks than the two separate products before (TINY C1A Reindex TP4 leaf 411.9 ->
-  403.0 us estimated; three separate products: 421.4 us).
-* output ``acc / l`` cast once to BF16.
+  code and failed the reserved TP4 batch of C1A Reindex (row 29, 1.024x the RMS bound).
+  The three terms are stacked into one ``[3h, n] x [n, d]`` product per part; the parts'
+  products are summed over their stacks and added in order, divided by ``l`` and cast
+  once to BF16 in one subgraph.
+
+Schedule (A5 cost model): the AICPU charges each task and each dependency edge
+(``resolveCycles`` 390), and with the pipes under 20 % busy that sets the time.  The
+earlier kernel ran an online softmax over 64-key tiles with the arithmetic decoders of
+:mod:`v41.mx_decode` in 32-row pieces: 55 tasks and 200 edges a token, TP4 T=192 2,207
+us.  Whole parts, one decode task each, one softmax and one output subgraph are 8 tasks
+and about 21 edges a token: 470 us, the outputs equal to the golden's as before (the
+online rescaling steps are gone, so they differ from the earlier kernel's in FP32
+reassociation only).
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
 a row's peak is ~16x its RMS, so one BF16 ulp of the output (a rounding flip caused by the
@@ -57,9 +55,9 @@ BF16 probabilities) exceeds ``5 % RMS(ref)``: FLASH TP4 T=48 K=192 failed ``row_
 1.23x the bound on 4/752 rows (the sink-12 head), reproduced bit for bit by a torch
 emulation of this algorithm and gone when P stays FP32.  MX-published rows pass (0.58x).
 
-Interpreter memory grows with tokens x keys (about 85 MB per token at one FLASH TP4 rank
-with 640 keys): the harness splits large token counts into host-side chunks, each its own
-launch of this kernel; the arithmetic per token is unchanged.
+Interpreter memory grows with tokens x keys: the harness splits large token counts into
+host-side chunks, each its own launch of this kernel; the arithmetic per token is
+unchanged.
 
 Sinks must be finite (the golden also accepts +-inf; this kernel does not).  Row ids must
 be -1 or inside their cache, and ``rows * groups`` of each cache must fit INT32 (the host
@@ -90,15 +88,13 @@ when given, else :func:`default_blocks` / :func:`default_cblocks`.
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41 import mx_decode
+from v41 import kv_decode, mx_decode
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles
-from v41.paged_rows import gather_tile, scale_slots
+from v41.subgraph import one_subgraph
 
-KEY_TILE = 64  # keys per online-softmax step
-# key rows per vector tile of the gathers and MX decoders: 32 rows halve the decode tasks
-# of 16 and fit the UB; 64 rows ([64, 512] FP32 intermediates) do not
-DECODE_ROWS = 32
+KEY_TILE = 512  # keys per decode task (one task per part: the window's 128, the 512 Top-K)
+MASK_BIAS = 1.0e30  # added (negated) to the logits of -1 keys
 KEY_ALIGN = 16  # default key counts are rounded up to this (-1 padded)
 INT32_MAX = 2 ** 31 - 1
 
@@ -196,96 +192,103 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
-SUM_ROWS = 16  # heads per vector tile of the three-term P.V sum
+SUM_ROWS = 16  # heads per vector tile of the softmax and the three-term P.V sum
 
 
-def _attend(pypto, qt, kb, bias, state, h, d, tile, scale, mask):
-    """One online-softmax step of BF16 keys ``kb [tile, d]`` (V = K): returns the new
-    ``(m, l, acc)`` from ``state``.  The state is a trace-time value of the token's own
-    loop iteration (no tensor carried from token to token)."""
-    m_run, l_run, acc = state
-    pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
-    s = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
-    pypto.set_vec_tile_shapes(h, tile)
-    s = pypto.mul(s, scale)
-    if mask:
-        s = pypto.add(s, pypto.expand_clone(bias, [h, tile]))
-    m_new = pypto.maximum(m_run, pypto.amax(s, -1, keepdim=True))
-    alpha = pypto.exp(pypto.sub(m_run, m_new))
-    p = pypto.exp(pypto.sub(s, m_new))
-    l_new = pypto.add(pypto.mul(l_run, alpha), pypto.sum(p, -1, keepdim=True))
-    # P.V with P split exactly into three BF16 terms (hi + mid + lo, 24 mantissa bits):
-    # the FP32 probabilities on the BF16 cube, as the golden keeps them
-    p_hi = pypto.cast(p, pypto.DT_BF16)
-    r_hi = pypto.sub(p, pypto.cast(p_hi, pypto.DT_FP32))  # exact
-    p_mid = pypto.cast(r_hi, pypto.DT_BF16)
-    p_lo = pypto.cast(pypto.sub(r_hi, pypto.cast(p_mid, pypto.DT_FP32)), pypto.DT_BF16)
-    # one product for the three terms: [3h, tile] x [tile, d]
-    pypto.set_vec_tile_shapes(h, tile)
-    p3 = pypto.concat([p_hi, p_mid, p_lo], 0)
-    pypto.set_cube_tile_shapes(*cube_tiles(3 * h, tile, d, 2))
-    pv3 = pypto.matmul(p3, kb, pypto.DT_FP32)  # [3h, d]
-    # sum over the stack of three; at most SUM_ROWS heads a tile: (3, 32, 512) FP32 in and
-    # out (TP2 FLASH) exceeds the A5's 248 KiB UB and fails the OoO schedule pass
-    pypto.set_vec_tile_shapes(3, min(h, SUM_ROWS), d)
-    pv = pypto.reshape(pypto.sum(pypto.reshape(pv3, [3, h, d]), 0), [h, d])
-    pypto.set_vec_tile_shapes(h, d)
-    return m_new, l_new, pypto.add(pypto.mul(acc, alpha), pv)
+def _softmax_pv(pypto, qt, parts, sink, h, d, o):
+    """``(products, m, l)`` of one token: one softmax over the logits of all ``parts``
+    (``(keys [n_i, d] BF16, ids [1, n_i] INT32)``, in key order) with the sink in the
+    denominator (max ``m`` and sum ``l`` FP32 ``[h, 1]``), and each part's ``P.V`` FP32
+    ``[3h, d]`` with ``P`` split exactly into three BF16 terms stacked."""
+    logits = []
+    for kb, _ in parts:  # unrolled at trace time
+        n = kb.shape[0]
+        pypto.set_cube_tile_shapes(*cube_tiles(h, d, n, 2))
+        logits.append(pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True))  # [h, n]
+    hv = min(h, SUM_ROWS)
+    with one_subgraph(pypto):
+        ss, mx = [], None
+        for (kb, ids), s in zip(parts, logits):
+            n = kb.shape[0]
+            pypto.set_vec_tile_shapes(hv, n)
+            s = pypto.mul(s, o["scale"])
+            if o["mask"]:
+                bias = _bias(pypto, ids, n)
+                pypto.set_vec_tile_shapes(hv, n)  # the expand in whole [hv, n] tiles
+                s = pypto.add(s, pypto.expand_clone(bias, [h, n]))
+            ss.append(s)
+            m = pypto.amax(s, -1, keepdim=True)
+            mx = m if mx is None else pypto.maximum(mx, m)
+        if o["use_sink"]:
+            mx = pypto.maximum(mx, sink)
+        l_run, p3s = None, []
+        for s in ss:
+            pypto.set_vec_tile_shapes(hv, s.shape[1])
+            p = pypto.exp(pypto.sub(s, mx))
+            ls = pypto.sum(p, -1, keepdim=True)
+            l_run = ls if l_run is None else pypto.add(l_run, ls)
+            p_hi = pypto.cast(p, pypto.DT_BF16)
+            r_hi = pypto.sub(p, pypto.cast(p_hi, pypto.DT_FP32))  # exact
+            p_mid = pypto.cast(r_hi, pypto.DT_BF16)
+            p_lo = pypto.cast(pypto.sub(r_hi, pypto.cast(p_mid, pypto.DT_FP32)), pypto.DT_BF16)
+            p3s.append(pypto.concat([p_hi, p_mid, p_lo], 0))  # [3h, n]
+        pypto.set_vec_tile_shapes(hv, 8)
+        if o["use_sink"]:
+            l_run = pypto.add(l_run, pypto.exp(pypto.sub(sink, mx)))
+    prods = []
+    for (kb, _), p3 in zip(parts, p3s):
+        pypto.set_cube_tile_shapes(*cube_tiles(3 * h, kb.shape[0], d, 2))
+        prods.append(pypto.matmul(p3, kb, pypto.DT_FP32))  # [3h, d]
+    return prods, mx, l_run
 
 
-def _window_state(pypto, t, qt, sink, win, o):
-    """Token ``t``'s softmax state ``(m, l, acc)`` over its window keys, started at the
-    sink (``m = sink``, ``l = 1``, ``acc = 0``)."""
-    h, d = o["h"], o["d"]
-    pypto.set_vec_tile_shapes(h, 8)
-    m0 = pypto.add(sink, 0.0)
-    l0 = pypto.add(pypto.mul(sink, 0.0), 1.0 if o["use_sink"] else 0.0)
-    pypto.set_vec_tile_shapes(h, d)
-    acc0 = pypto.mul(pypto.cast(qt, pypto.DT_FP32), 0.0)
-    if o["sink_num"]:
-        acc0 = pypto.add(acc0, 1.0)
-    state = (m0, l0, acc0)
-    indices, payload, scales, slots, g, tile, keys = win
-    for j in range(keys // tile):  # unrolled at trace time
-        ids = pypto.view(indices, [1, tile], [t, j * tile])
-        codes, scodes, bias = gather_tile(pypto, ids, tile, payload, scales, slots, g,
-                                          (min(tile, DECODE_ROWS), d), o["fp32_rows"])
-        pypto.set_vec_tile_shapes(min(tile, DECODE_ROWS), d)
-        kb = mx_decode.window_rows(pypto, codes, scodes, tile, d, o["wgroup"],
-                                   row_tile=(min(tile, DECODE_ROWS), d))
-        state = _attend(pypto, qt, kb, bias, state, h, d, tile, o["scale"], o["mask"])
-    return state
+def _output(pypto, t, prods, mx, l_run, sink, out, h, d, o):
+    """``out[t]`` = BF16 ``sum(P.V) / l``: the parts' three-term products summed over their
+    stacks and added in order, divided, cast once and written, in one subgraph."""
+    hv = min(h, SUM_ROWS)
+    with one_subgraph(pypto):
+        pv = None
+        for prod in prods:
+            pypto.set_vec_tile_shapes(3, hv, d)
+            part = pypto.reshape(pypto.sum(pypto.reshape(prod, [3, h, d]), 0), [h, d])
+            pypto.set_vec_tile_shapes(hv, d)
+            pv = part if pv is None else pypto.add(pv, part)
+        if o["sink_num"]:
+            pv = pypto.add(pv, pypto.expand_clone(pypto.exp(pypto.sub(sink, mx)), [h, d]))
+        o_t = pypto.cast(pypto.div(pv, l_run), pypto.DT_BF16)  # the one BF16 cast
+        pypto.assemble(pypto.reshape(o_t, [1, h, d]), [t, 0, 0], out)
 
 
-def _compressed_state(pypto, t, qt, state, comp, o):
-    """``state`` carried on over token ``t``'s compressed keys (packed E2M1 rows decoded
-    by :func:`v41.mx_decode.compressed_rows`)."""
-    h, d = o["h"], o["d"]
-    cindices, cpayload, cscales, cslots, cg, ctile, ckeys, consts = comp
-    for c in range(ckeys // ctile):  # unrolled at trace time
-        ids = pypto.view(cindices, [1, ctile], [t, c * ctile])
-        packed, scodes, bias = gather_tile(pypto, ids, ctile, cpayload, cscales, cslots, cg,
-                                           (min(ctile, DECODE_ROWS), o["half"]),
-                                           o["fp32_rows"])
-        kb = mx_decode.compressed_rows(pypto, packed, scodes, consts, ctile, d, o["cgroup"],
-                                       scale_e8m0=o["scale_e8m0"], rows=DECODE_ROWS)
-        state = _attend(pypto, qt, kb, bias, state, h, d, ctile, o["scale"], o["mask"])
-    return state
+def _bias(pypto, ids, n):
+    """FP32 ``[1, n]``: ``-MASK_BIAS`` where INT32 ``ids [1, n]`` is -1, else 0 (a sign test,
+    exact for every INT32 id)."""
+    pypto.set_vec_tile_shapes(1, n)
+    return pypto.mul(pypto.sub(pypto.clip(pypto.add(pypto.cast(ids, pypto.DT_FP32), 1.0),
+                                          0.0, 1.0), 1.0), MASK_BIAS)
 
 
 def _token(pypto, t, q, sink, win, comp, out, o):
     """Token ``t``'s attention over its window keys then its compressed keys (``comp``
-    None: window only) as one online softmax, written to ``out[t]`` with one BF16 cast."""
+    None: window only) as one softmax, written to ``out[t]`` with one BF16 cast."""
     h, d = o["h"], o["d"]
-    pypto.set_vec_tile_shapes(h, d)
-    qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
-    state = _window_state(pypto, t, qt, sink, win, o)
+    qt = pypto.view(q, [h, d], [t * h, 0])  # q: a [tokens * h, d] GM view
+    indices, payload, scales, key_of, piece, keys = win
+    parts = []
+    for j in range(keys // piece):  # unrolled at trace time
+        ids = pypto.view(indices, [1, piece], [t, j * piece])
+        parts.append((kv_decode.window_keys(pypto, ids, payload, scales, o["e4m3"], key_of,
+                                            piece, d, o["wgroup"], fp32_rows=o["fp32_rows"]),
+                      ids))
     if comp is not None:
-        state = _compressed_state(pypto, t, qt, state, comp, o)
-    _, l_run, acc = state
-    pypto.set_vec_tile_shapes(h, d)
-    o_t = pypto.div(acc, l_run)
-    pypto.assemble(pypto.reshape(pypto.cast(o_t, pypto.DT_BF16), [1, h, d]), [t, 0, 0], out)
+        cindices, cpayload, cscales, ckey_of, nibbles, cpiece, ckeys = comp
+        for c in range(ckeys // cpiece):  # unrolled at trace time
+            ids = pypto.view(cindices, [1, cpiece], [t, c * cpiece])
+            parts.append((kv_decode.fp4_keys(
+                pypto, ids, cpayload, cscales, o["nib"], ckey_of, nibbles,
+                cpiece, d, o["cgroup"], scale_e8m0=o["scale_e8m0"],
+                fp32_rows=o["fp32_rows"]), ids))
+    prods, mx, l_run = _softmax_pv(pypto, qt, parts, sink, h, d, o)
+    _output(pypto, t, prods, mx, l_run, sink, out, h, d, o)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -327,21 +330,23 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         out: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
     ):
         tokens = q.shape[0]
-        # in-place views of the inputs: a copying reshape is a task every gather waits on
-        payload = pypto.reshape(window_kv, [rows, d], inplace=True)
+        # in-place GM views of the caches, one row per scale group
+        payload = pypto.reshape(window_kv, [rows * g, wgroup], inplace=True)
         scales = pypto.reshape(window_kv_scale, [rows * g], inplace=True)
-        cpayload = pypto.reshape(compressed_kv, [crows, half], inplace=True)
+        cpayload = pypto.reshape(compressed_kv, [crows * cg, cgroup // 2], inplace=True)
         cscales = pypto.reshape(compressed_kv_scale, [crows * cg], inplace=True)
         sink = pypto.reshape(attn_sink, [h, 1], inplace=True)
-        slots = scale_slots(pypto, tile, g, fp32_rows)
-        cslots = scale_slots(pypto, ctile, cg, fp32_rows)
-        cconsts = mx_decode.compressed_constants(pypto, ctile, d, high_first=high_first)
+        q2 = pypto.reshape(q, [tokens * h, d], inplace=True)
+        key_of = kv_decode.slot_constants(pypto, tile, g)
+        ckey_of = kv_decode.slot_constants(pypto, ctile, cg)
+        nibbles = kv_decode.nibble_constants(pypto, cgroup)
         opts = dict(h=h, d=d, half=half, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
-                    scale_e8m0=scale_e8m0)
-        win = (indices, payload, scales, slots, g, tile, keys)
-        comp = (compressed_indices, cpayload, cscales, cslots, cg, ctile, ckeys, cconsts)
+                    scale_e8m0=scale_e8m0, e4m3=mx_decode.e4m3_table(pypto),
+                    nib=kv_decode.nibble_table(pypto, high_first=high_first))
+        win = (indices, payload, scales, key_of, tile, keys)
+        comp = (compressed_indices, cpayload, cscales, ckey_of, nibbles, ctile, ckeys)
         for t in pypto.loop(tokens, name="SA_TOKENS", idx_name="t"):
-            _token(pypto, t, q, sink, win, comp if use_compressed else None, out, opts)
+            _token(pypto, t, q2, sink, win, comp if use_compressed else None, out, opts)
 
     return sparse_attention

@@ -55,9 +55,10 @@ LARGE_SINK = 12.0
 # token x key-element budget of one launch (16 tokens x 640 keys x 512 channels: ~3.5 GB of
 # interpreter memory at one FLASH TP4 rank; 48 tokens took 15 GB)
 LAUNCH_KEY_ELEMENTS = 16 * 640 * 512
-# the same budget for the cost model alone (no interpreter): 96 tokens x 640 keys x 512
-# channels (one 192-token FLASH TP4 launch peaked at 19.7 GB; 96 stays near 10 GB)
-ESTIMATE_KEY_ELEMENTS = 96 * 640 * 512
+# the same budget for the cost model alone (no interpreter): 192 tokens x 640 keys x 512
+# channels, a FLASH decode batch in one launch (1.2 GB here since the whole-part decode;
+# the earlier kernel's 192-token launch peaked at 19.7 GB and ran in two)
+ESTIMATE_KEY_ELEMENTS = 192 * 640 * 512
 ROW_INPUTS = (("indices", "window_kv"), ("compressed_indices", "compressed_kv"))  # ids, cache
 
 

@@ -148,5 +148,6 @@ def test_host_rejects_bad_input_before_launching(case, mutate, match):
 
 def test_kernel_abi_refuses_a_width_off_the_key_tile():
     from v41.paged_indexer import dims
-    with pytest.raises(ValueError, match=r"case\['pages'\]: width 80 \(5 pages x 16\)"):
-        dims(MIXED.config, {"tokens": 1, "pages": 5, "blocks": 8, "requests": 1})
+    # past one 512-key tile the width must be whole tiles
+    with pytest.raises(ValueError, match=r"case\['pages'\]: width 528 \(33 pages x 16\)"):
+        dims(MIXED.config, {"tokens": 1, "pages": 33, "blocks": 40, "requests": 1})
