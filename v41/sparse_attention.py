@@ -83,7 +83,10 @@ out                  (tokens, heads, head_dim)             bfloat16  out
 (one TP rank's local heads); ``groups = head_dim / window_group``, ``cgroups = head_dim /
 compressed_group``; ``keys`` / ``ckeys`` from ``case["keys"]`` / ``case["ckeys"]`` when
 given, else :func:`default_keys` (FLASH 128 + 512); ``blocks`` / ``cblocks`` from the case
-when given, else :func:`default_blocks` / :func:`default_cblocks`.
+when given, else :func:`default_blocks` / :func:`default_cblocks`.  ``case["window_only"]``
+(SWA, which has no compressed keys) builds the kernel without the compressed part: the
+compressed inputs are not read, and the output equals that of every compressed id -1 bit
+for bit (a masked key adds an exact 0 to every sum).
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -183,7 +186,8 @@ def dims(config, case: dict) -> dict[str, int]:
         if n * cc.block_size * per > INT32_MAX:
             raise ValueError(f"case[{field!r}]: {n} blocks x {cc.block_size} rows x {per} scale "
                              f"slots exceeds the INT32 slot range {INT32_MAX}")
-    return {"tokens": tokens, "heads": config.num_heads // tp, "head_dim": d, "half": d // 2,
+    return {"tokens": tokens, "window_only": int(bool(case.get("window_only"))),
+            "heads": config.num_heads // tp, "head_dim": d, "half": d // 2,
             "groups": g, "cgroups": cg, "keys": keys, "ckeys": ckeys, "blocks": blocks,
             "cblocks": cblocks, "block_size": cc.block_size}
 
@@ -310,7 +314,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_sink = variant != "no_sink"
     sink_num = variant == "sink_numerator"
     mask = variant != "unmasked"
-    use_compressed = variant != "no_compressed"
+    use_compressed = variant != "no_compressed" and not dm["window_only"]
     fp32_rows = variant == "fp32_row_index"
     scale_e8m0 = variant == "compressed_e8m0"
     high_first = variant == "nibble_swap"

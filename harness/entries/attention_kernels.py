@@ -334,7 +334,7 @@ def _attend(launch: RankLauncher, config, tp, q, window, md, compressed, topk, s
     step = sparse.chunk_tokens(args, launch.platform)
     out = torch.empty(n, local_heads(config, tp), d, dtype=torch.bfloat16)
     axes = {"tp": tp, "keys": wk, "ckeys": ck, "blocks": window.payload.shape[0],
-            "cblocks": ccache.shape[0]}
+            "cblocks": ccache.shape[0], "window_only": topk is None}
     for t0 in range(0, n, step):
         m = min(step, n - t0)
         part = {**args, "q": q[t0:t0 + m].contiguous(), "indices": args["indices"][t0:t0 + m],

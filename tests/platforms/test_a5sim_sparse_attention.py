@@ -46,6 +46,27 @@ def test_reference_passes_and_masked_token_is_zero(a5sim):
     assert torch.equal(out["out"][2], torch.zeros_like(out["out"][2]))  # no valid key
 
 
+def test_window_only_build_equals_every_compressed_id_masked(a5sim):
+    """SWA's build without the compressed part gives the bits of the full kernel over
+    compressed ids that are all -1, whatever the compressed cache holds."""
+    from harness.platforms import KernelSpec
+    inputs = _entry().build_inputs(CASE.config, CASE)
+    inputs["compressed_indices"][:] = -1
+    axes = {"tokens": CASE.tokens, "tp": CASE.tp, "preset": CASE.preset,
+            "keys": inputs["indices"].shape[1], "ckeys": inputs["compressed_indices"].shape[1],
+            "blocks": inputs["window_kv"].shape[0], "cblocks": inputs["compressed_kv"].shape[0]}
+    outs = []
+    for extra in ({}, {"window_only": True}):
+        program = a5sim.compile(KernelSpec("v41.sparse_attention", {}), CASE.config,
+                                {**axes, **extra})
+        args = {a.name: inputs[a.name].clone() for a in program.args}
+        if extra:
+            args["compressed_kv"].fill_(0x77)  # not read
+        outs.append(a5sim.launch(program, 0, args).raise_for_error().outputs["out"])
+    assert outs[0].abs().sum() > 0
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 def test_fixture_covers_both_parts_and_their_padding():
     inputs = _entry().build_inputs(CASE.config, CASE)
     w, c = inputs["indices"], inputs["compressed_indices"]
