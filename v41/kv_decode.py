@@ -12,9 +12,9 @@ a cache are read through GM reshapes (no copy) with one row per group:
 
 Group ``s`` of key ``j`` is gathered at slot ``max(id_j, 0) * (d/group) + s`` (INT32: an FP32
 slot is wrong past 2^24; the deliberately wrong ``fp32_rows`` keeps it), so payload and
-scale land in the same ``[n, group]`` tile layout, one scale per tile row.  Every step of
-one decode runs in that layout, forced into one subgraph (:mod:`v41.subgraph`), up to the
-BF16 ``[keys, d]`` result: an FP8 code is one gather from an E4M3 value table, an FP4
+scale land in the same ``[n, group]`` tile layout, one scale per tile row.  The slots and
+the scale bytes come from one task; every other step of one decode runs in that layout,
+forced into one subgraph (:mod:`v41.subgraph`), up to the BF16 ``[keys, d]`` result: an FP8 code is one gather from an E4M3 value table, an FP4
 element one gather (its byte, chosen by a column gather) from a table of both nibbles'
 E2M1 values.  Tables hold an entry at ``code + 128`` so a byte the interpreter reads as
 signed (-128..127) and a card reads as unsigned (0..255) find the same value.  The
@@ -98,6 +98,21 @@ def _slots(pypto, ids, keys, groups, key_of, fp32_rows, t):
                      pypto.cast(lane, pypto.DT_INT32))
 
 
+def _scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows):
+    """``(slot, scale bytes)`` INT32 / uint8 ``[keys * groups]``: the slots and the 1-D gather
+    of the flat scale table, in one tile and outside the decode's forced subgraph.  Inside
+    it, the gather fails pypto 0.2.0's TuneSyncForVF pass (``Cannot find GATHER in
+    PIPE_MTE2``) once the scale table passes about 29 KB (a FLASH index-key cache of 60
+    blocks); a ``[rows, 1]`` view fails other sizes; forced into a subgraph of its own, it
+    fails at every size; left to the partitioner in decode-sized tiles, it becomes many
+    small tasks (FLASH TP4 T=192 sparse_attention 1,302 us against 448)."""
+    n = keys * groups
+    tile = min(n, 2 * TILE_ELEMS)
+    slot = _slots(pypto, ids, keys, groups, key_of, fp32_rows, tile)
+    pypto.set_vec_tile_shapes(tile)
+    return slot, pypto.index_select(scales, 0, slot)
+
+
 def _codes_index(pypto, codes):
     """INT32 table index ``code + 128`` of uint8 ``codes`` (read signed or unsigned)."""
     return pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
@@ -118,10 +133,10 @@ def window_keys(pypto, ids, payload, scales, table, key_of, keys, d, group, *,
     :func:`slot_constants`."""
     g = d // group
     n, t = keys * g, min(keys * g, group_rows(group))
+    slot, sc = _scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
     with one_subgraph(pypto):
-        slot = _slots(pypto, ids, keys, g, key_of, fp32_rows, t)
         pypto.set_vec_tile_shapes(t)
-        pw = mx_decode.e8m0_pow2(pypto, pypto.index_select(scales, 0, slot))
+        pw = mx_decode.e8m0_pow2(pypto, sc)
         pypto.set_vec_tile_shapes(t, 1)
         pw = pypto.reshape(pw, [n, 1])
         pypto.set_vec_tile_shapes(t, group)
@@ -142,10 +157,9 @@ def fp4_keys(pypto, ids, payload, scales, table, key_of, nibbles, keys, d, group
     g = d // group
     n, t = keys * g, min(keys * g, group_rows(group))
     byte_of, offset = nibbles
+    slot, sc = _scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
     with one_subgraph(pypto):
-        slot = _slots(pypto, ids, keys, g, key_of, fp32_rows, t)
         pypto.set_vec_tile_shapes(t)
-        sc = pypto.index_select(scales, 0, slot)
         if scale_e8m0:
             sv = mx_decode.e8m0_pow2(pypto, sc)
         else:

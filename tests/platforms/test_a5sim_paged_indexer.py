@@ -151,3 +151,27 @@ def test_kernel_abi_refuses_a_width_off_the_key_tile():
     # past one 512-key tile the width must be whole tiles
     with pytest.raises(ValueError, match=r"case\['pages'\]: width 528 \(33 pages x 16\)"):
         dims(MIXED.config, {"tokens": 1, "pages": 33, "blocks": 40, "requests": 1})
+
+
+@pytest.mark.parametrize("blocks", [20, 82, 1000])
+def test_kernel_compiles_whatever_the_key_cache_size(blocks):
+    """A FLASH decode leaf's index-key cache (82 blocks: a 41 KB scale table) once failed
+    pypto 0.2.0's TuneSyncForVF pass while the entry's small caches compiled: the kernel
+    builds and the cost model runs it for small and large caches (values do not matter)."""
+    from harness.case import Case as _Case
+    from harness.platforms import KernelSpec, verify
+    from harness.platforms.a5sim import A5SimPlatform
+    config = _Case(entry=ENTRY, tokens=1, preset="flash").config
+    case = {"blocks": blocks, "candidates": False, "pages": 8, "preset": "flash",
+            "requests": 4, "tokens": 4}
+    platform = A5SimPlatform(verify=verify.ESTIMATE_LEVEL)
+    try:
+        program = platform.compile(KernelSpec("v41.paged_indexer", {}), config, case)
+        args = {a.name: torch.zeros(a.shape, dtype=getattr(torch, a.dtype)) for a in program.args}
+        args["compressed_lens"].fill_(1024)
+        args["index_block_table"].copy_(torch.arange(32, dtype=torch.int32).reshape(4, 8) % blocks)
+        result = platform.launch(program, 0, args)
+        assert result.error is None, result.error
+        assert result.cost_record()["aicore_e2e_us"] > 0
+    finally:
+        platform.close()
