@@ -57,6 +57,8 @@ topk_rows            (tokens, topk)                      int32     out
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
+import math
+
 from v41 import kv_decode, rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles
@@ -99,10 +101,12 @@ def dims(config, case: dict) -> dict[str, int]:
     pages = case_int(case, "pages", minimum=1)
     width = pages * cc.block_size
     tile = min(KEY_TILE, width)
+    padded = max(width, ix.topk)
+    if width <= KEY_TILE:  # one tile of the width, cut to divide the Top-K-padded row too
+        tile = math.gcd(tile, padded)
     if width % tile or tile % 16:
         raise ValueError(f"case['pages']: width {width} ({pages} pages x {cc.block_size}) "
                          f"must be a multiple of {tile} and of 16")
-    padded = max(width, ix.topk)
     if padded % tile:
         raise ValueError(f"config.index.topk: {ix.topk} is not a multiple of the key tile {tile}")
     blocks = case_int(case, "blocks", minimum=1)

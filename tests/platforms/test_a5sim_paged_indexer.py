@@ -146,6 +146,15 @@ def test_host_rejects_bad_input_before_launching(case, mutate, match):
                for k in inputs)  # nothing written (bytewise: NaN included)
 
 
+def test_a_width_under_one_tile_takes_a_tile_that_divides_the_topk_row():
+    """A FLASH C2A Full source early in a batch has 3 pages (width 384) under a 512-wide
+    Top-K row: the key tile divides both (128), not the width alone."""
+    from v41.paged_indexer import dims
+    flash = Case(entry=ENTRY, tokens=1, preset="flash").config
+    dm = dims(flash, {"tokens": 1, "pages": 3, "blocks": 8, "requests": 1})
+    assert (dm["width"], dm["padded"], dm["tile"]) == (384, 512, 128)
+
+
 def test_kernel_abi_refuses_a_width_off_the_key_tile():
     from v41.paged_indexer import dims
     # past one 512-key tile the width must be whole tiles
