@@ -29,7 +29,7 @@ the Top-K then reads.  The host bounds ``tokens`` per launch by the score budget
 
 Schedule (A5 cost model, FLASH TP4 T=192 in launches of 32 rows): 64-key tiles with the
 arithmetic decoder of ``v41.mx_decode`` (its on-chip reshapes went through global memory)
-took 1,842 us; the whole-row decoder and 512-key tiles take 384 us, the same Top-K rows.
+took 1,842 us; the whole-row decoder and 512-key tiles take 423 us, the same Top-K rows.
 A token with a short prefix decodes a whole tile of masked keys; at decode lengths that
 costs less than the extra loop iterations (256-key tiles: 109 us against 73 us for a
 32-row FLASH launch).
