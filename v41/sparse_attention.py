@@ -45,7 +45,7 @@ Schedule (A5 cost model): the AICPU charges each task and each dependency edge
 earlier kernel ran an online softmax over 64-key tiles with the arithmetic decoders of
 :mod:`v41.mx_decode` in 32-row pieces: 55 tasks and 200 edges a token, TP4 T=192 2,207
 us.  Whole parts, one decode task each, one softmax and one output subgraph are 8 tasks
-and about 21 edges a token: 470 us, the outputs equal to the golden's as before (the
+and about 21 edges a token, plus one scale-gather task a part: 448 us, the outputs equal to the golden's as before (the
 online rescaling steps are gone, so they differ from the earlier kernel's in FP32
 reassociation only).
 
