@@ -44,9 +44,9 @@ Schedule (A5 cost model): the AICPU charges each task and each dependency edge
 (``resolveCycles`` 390), and with the pipes under 20 % busy that sets the time.  The
 earlier kernel ran an online softmax over 64-key tiles with the arithmetic decoders of
 :mod:`v41.mx_decode` in 32-row pieces: 55 tasks and 200 edges a token, TP4 T=192 2,207
-us.  Whole parts, one decode task each, one softmax and one output subgraph are 8 tasks
-and about 21 edges a token, plus one scale-gather task a part: 448 us, the outputs equal to the golden's as before (the
-online rescaling steps are gone, so they differ from the earlier kernel's in FP32
+us.  Whole parts (a scale-gather task and a decode task each), one softmax and one output
+subgraph are about 10 tasks a token: 448 us, the outputs equal to the golden's as before
+(the online rescaling steps are gone, so they differ from the earlier kernel's in FP32
 reassociation only).
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
