@@ -16,8 +16,9 @@ scale land in the same ``[n, group]`` tile layout, one scale per tile row.  The 
 the scale bytes come from one task; every other step of one decode runs in that layout,
 forced into one subgraph (:mod:`v41.subgraph`), up to the BF16 ``[keys, d]`` result: an
 FP8 code is one gather from an E4M3 value table, an FP4 element one gather (its byte
-chosen by a column gather) from a table of both nibbles' E2M1 values.  Tables hold an entry at ``code + 128`` so a byte the interpreter reads as
-signed (-128..127) and a card reads as unsigned (0..255) find the same value.  The
+chosen by a column gather) from a table of both nibbles' E2M1 values.  Tables hold an
+entry at ``code + 128`` so a byte the interpreter reads as signed (-128..127) and a card
+reads as unsigned (0..255) find the same value.  The
 arithmetic decoders of :mod:`v41.mx_decode` loaded ``[rows, d]`` tiles and reshaped them on
 chip into the group layout, and each reshape went through global memory and back.
 
