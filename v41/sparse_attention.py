@@ -344,7 +344,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         key_of = kv_decode.slot_constants(pypto, tile, g)
         ckey_of = kv_decode.slot_constants(pypto, ctile, cg)
         nibbles = kv_decode.nibble_constants(pypto, cgroup)
-        opts = dict(h=h, d=d, half=half, scale=scale, mask=mask, use_sink=use_sink,
+        opts = dict(h=h, d=d, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
                     scale_e8m0=scale_e8m0, e4m3=mx_decode.e4m3_table(pypto),
                     nib=kv_decode.nibble_table(pypto, high_first=high_first))
