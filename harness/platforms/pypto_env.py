@@ -13,6 +13,10 @@ graph interpreter) with cmake in every process; and it reads its compile target 
   ``ASCEND_PROCESS_LOG_PATH`` at the run directory, selects the A5 cost-model json
   (``TILEFWK_CONFIG_PATH``) and puts the A5 package overlay first on ``sys.path``.
   Must run before the first ``import pypto`` of the process.
+* The A5 json turns pypto's vector fusion off (``global.pass.enable_vf``): its
+  TuneSyncForVF pass fails on gathers in most tilings (``Cannot find GATHER in PIPE_MTE2``)
+  and the cost model's estimates do not depend on it (every TINY gate case the same to the
+  last digit).  A card compile from this json is therefore not vector-fused either.
 * :func:`package_overlay` -- a cached copy of the installed ``pypto`` package made of
   symlinks, except ``lib/configs/A2A3.ini`` which is replaced by the Ascend 950
   (DAV_3510) platform ini vendored in ``data/``.
