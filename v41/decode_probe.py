@@ -53,7 +53,7 @@ def build_fp4(config, case, runtime_options=None):
                    scales: pypto.Tensor([1, n, k // 32], pypto.DT_UINT8),
                    lo: pypto.Tensor([n, kh], pypto.DT_BF16),
                    hi: pypto.Tensor([n, kh], pypto.DT_BF16)):
-        tables = mx_fp4_decode.byte_tables(pypto)
+        tables = mx_fp4_decode.decode_tables(pypto)
         for t in pypto.loop(n // N_TILE, name="PROBE_FP4", idx_name="t"):
             a, b = mx_fp4_decode.fp4_pair_tile(pypto, packed, scales, tables, 0, t * N_TILE,
                                                N_TILE)

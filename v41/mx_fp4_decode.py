@@ -15,17 +15,24 @@ E2M1 value has at most two significant bits and ``2^(s-127)`` is a power of two 
 ``exp`` estimate of the power is rounded away by the BF16 cast, as in
 :mod:`v41.mx_decode`).
 
-Schedule (A5 cost model): each byte's two values come from two 384-entry tables
-(:func:`byte_tables`, one gather each) instead of ~30 floor/multiply steps, and the decode
-of one weight tile is forced into one subgraph (:mod:`v41.subgraph`): left to the
-partitioner it was cut into many small subgraphs whose intermediates went through global
-memory.  A tile is whole rows, which are contiguous, so the packed weight and its scales are
-read through ``[rows * K/32, 16]`` and ``[rows * K/32, 1]`` reshapes of the GM tensors:
-every step runs in the same ``[1024, 16]`` tiles (one scale per tile row) from the load to
-the BF16 result.  The earlier schedule loaded ``[16, K/2]`` rows and reshaped them on chip
-into the group layout, and wrapped each signed byte read to 0..255 with four vector steps;
-each of its reshapes went through global memory and back, and one FLASH W2 tile
-``[128, 1152]`` took 113.6 k cycles against 51.9 k now.
+Schedule (A5 cost model): the decode of one weight tile is forced into one subgraph
+(:mod:`v41.subgraph`): left to the partitioner it was cut into many small subgraphs whose
+intermediates went through global memory.  A tile is whole rows, which are contiguous, so
+the packed weight and its scales are read through ``[rows * K/32, 16]`` and
+``[rows * K/32, 1]`` reshapes of the GM tensors: every step runs in the same ``[1024, 16]``
+tiles (one scale group per tile row) from the read to the BF16 result.  Each value is a
+gather (:func:`decode_tables`): a byte's two E2M1 values from two 384-entry tables, and its
+group's ``2^(s-127)`` from a 384-entry power-of-two table indexed by the scale code
+repeated along the row (a column gather of the scale, no broadcast).  Each plane gathers
+the power from its own copy of that table: one shared power tile was spilled to global
+memory and read back between the two planes.  Tables hold an entry at ``code + 128`` so a
+byte the interpreter reads as signed (-128..127) and a card reads as unsigned (0..255)
+find the same value.  A launch decoding one FLASH W2 tile ``[512, 2304]`` is estimated at
+154.7 k cycles (216.9 k when the power was built by six vector steps on a ``[1024, 1]``
+scale tile and broadcast, spilled, to the two planes).  pypto 0.2.0's TuneSyncForVF pass
+fails on these gathers in most tilings (``Cannot find GATHER in PIPE_MTE2``); the A5
+cost-model configuration turns vector fusion off (``harness/platforms/data``), which that
+pass needs.
 """
 
 from v41.mx_decode import e2m1_values, e8m0_pow2, table_bytes
@@ -46,25 +53,34 @@ def even_odd_ids(pypto, k):
     return even, pypto.add(even, 1)
 
 
-def byte_tables(pypto, *, swap_nibbles=False):
-    """``(lo, hi)`` FP32 ``[384]``: entry ``k`` is the E2M1 value of the low (``lo``) and the
-    high (``hi``) nibble of byte ``(k - 128) mod 256``, so a packed byte read as signed
-    (-128..127, as the interpreter casts uint8) or as unsigned (0..255) indexes its entry at
-    ``code + 128`` with no wrap-around arithmetic.  Build them once, before the loops.
-    ``swap_nibbles`` swaps the two (a deliberately wrong reading: logical column ``2i`` from
-    the HIGH nibble, for the harness's wrong-kernel tests)."""
+def decode_tables(pypto, *, swap_nibbles=False):
+    """The tables :func:`fp4_pair_tile` gathers from (build once, before the loops):
+    ``(lo, hi, pow2_lo, pow2_hi, zeros)``.  FP32 ``[384]`` ``lo`` / ``hi``: entry ``k`` is
+    the E2M1 value of the low / high nibble of byte ``(k - 128) mod 256``; ``pow2_*``: entry
+    ``k`` is ``2^(((k - 128) mod 256) - 127)``, one copy per plane; INT32 ``[16]`` zeros
+    repeat a scale along its tile row.  ``swap_nibbles`` swaps ``lo`` and ``hi`` (a
+    deliberately wrong reading: logical column ``2i`` from the HIGH nibble, for the
+    harness's wrong-kernel tests)."""
+    pypto.set_vec_tile_shapes(TABLE_SPAN)
     b = table_bytes(pypto, TABLE_SPAN)
     high = pypto.floor(pypto.mul(b, 1.0 / 16.0))
     low = pypto.sub(b, pypto.mul(high, 16.0))
     lo, hi = e2m1_values(pypto, low), e2m1_values(pypto, high)
-    return (hi, lo) if swap_nibbles else (lo, hi)
+    pow2 = e8m0_pow2(pypto, b)
+    pow2_hi = pypto.add(pow2, 0.0)  # a second tensor: the two planes' gathers stay apart
+    pypto.set_vec_tile_shapes(PACKED_PER_SCALE)
+    zeros = pypto.cast(pypto.mul(pypto.arange(0.0, float(PACKED_PER_SCALE), 1.0), 0.0),
+                       pypto.DT_INT32)
+    if swap_nibbles:
+        lo, hi = hi, lo
+    return lo, hi, pow2, pow2_hi, zeros
 
 
 def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
     """``(lo, hi)`` BF16 ``[n_tile, K/2]``: whole rows ``n0 .. n0+n_tile`` of local expert
     ``expert`` of the stacked packed weight ``packed [L, N, K/2]`` (scales ``[L, N, K/32]``),
     decoded exactly; ``lo`` holds logical columns ``2i``, ``hi`` ``2i+1``.  ``tables`` from
-    :func:`byte_tables`.
+    :func:`decode_tables`.
 
     Rounding boundary: none until the BF16 cast of ``value * 2^(s-127)``, which is exact
     (golden ``goldens.quant.dequantize_fp4_expert_weight``)."""
@@ -73,6 +89,7 @@ def fp4_pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
 
 
 def _pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
+    lo_t, hi_t, pow2_lo, pow2_hi, zeros = tables
     experts, rows_n, kh = packed.shape
     groups = kh // PACKED_PER_SCALE  # one E8M0 scale per 16 packed bytes
     n = n_tile * groups
@@ -86,15 +103,20 @@ def _pair_tile(pypto, packed, scales, tables, expert, n0, n_tile):
     idx = pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
     pypto.set_vec_tile_shapes(t, 1)
     sc = pypto.view(pypto.reshape(scales, [experts * rows_n * groups, 1]), [n, 1], [row0, 0])
-    pw = e8m0_pow2(pypto, sc)
+    pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
+    sc = pypto.index_select(sc, 1, zeros)  # the group's scale code along its row
+    sidx = pypto.cast(pypto.add(pypto.cast(sc, pypto.DT_FP32), 128.0), pypto.DT_INT32)
     pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
     idx = pypto.reshape(idx, [n * PACKED_PER_SCALE])
+    sidx = pypto.reshape(sidx, [n * PACKED_PER_SCALE])
     out = []
-    for table in tables:  # unrolled at trace time: lo, then hi
+    for table, pow2 in ((lo_t, pow2_lo), (hi_t, pow2_hi)):  # unrolled at trace time
         pypto.set_vec_tile_shapes(t * PACKED_PER_SCALE)
         val = pypto.index_select(table, 0, idx)
+        pw = pypto.index_select(pow2, 0, sidx)
         pypto.set_vec_tile_shapes(t, PACKED_PER_SCALE)
-        val = pypto.mul(pypto.reshape(val, [n, PACKED_PER_SCALE]), pw)
+        val = pypto.mul(pypto.reshape(val, [n, PACKED_PER_SCALE]),
+                        pypto.reshape(pw, [n, PACKED_PER_SCALE]))
         val = pypto.cast(val, pypto.DT_BF16)
         pypto.set_vec_tile_shapes(min(n_tile, 16), min(kh, VEC_COLS))
         out.append(pypto.reshape(val, [n_tile, kh]))

@@ -171,7 +171,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         # decoded BF16 tiles into L1); N 256 halves the cube tasks of N 128 (N only splits
         # outputs: the K order, hence every FP32 sum, is the same)
         pypto.set_cube_tile_shapes([16, 16], [64, 512], [256, 256])
-        tables = mx_fp4_decode.byte_tables(pypto, swap_nibbles=swap)
+        tables = mx_fp4_decode.decode_tables(pypto, swap_nibbles=swap)
         x_even, x_odd = mx_fp4_decode.even_odd_ids(pypto, d)
         h_even, h_odd = mx_fp4_decode.even_odd_ids(pypto, it)
         for j in pypto.loop(n_local, name="RE_EXPERTS", idx_name="j"):
