@@ -208,6 +208,7 @@ def rank_inputs(config, case, rank: int, inputs) -> dict:
     args["y"] = torch.full((cap, config.hidden_size), SENTINEL, dtype=torch.bfloat16)
     args["h_mx"] = torch.full((cap, config.moe.intermediate_size), SENTINEL,
                               dtype=torch.bfloat16)  # kernel scratch, not compared
+    args["x_mx"] = torch.full((cap, config.hidden_size), SENTINEL, dtype=torch.bfloat16)
     return args
 
 
