@@ -39,9 +39,10 @@ The kernel runs in three phases, each a loop of its own:
 The sums are the same in any phase order.  Schedule (A5 cost model): the runtime hands a
 core the ready tasks in order, so a small vector task queued behind the weight decodes
 held every cube product that needs it.  With ``MX(x)`` computed per expert inside phase 2,
-the cube sat idle through each submission's decode wave.  Moving it to phase 1 took an
-FLASH EP8 rank (46 experts, 166 rows) from 4,967 to 3,901 us, and splitting off phase 3
-took it to 3,774 us.
+the cube sat idle through each submission's decode wave.  Moving it to phase 1 took a
+FLASH EP8 rank (46 experts, 166 rows) from 4,967 to 3,901 us, splitting off phase 3 to
+3,774 us, and forcing each row tile's ``MX(x)`` into one task (its chain of small tasks
+queued behind the decodes too) to 3,709 us.
 
 Applying the route weight after W2 instead is the same product up to rounding (``MX(h*w)``
 vs ``MX(h)*w``): measured at TINY it stays inside the per-row bound, so the comparison
@@ -78,6 +79,7 @@ x_mx            (rows, hidden)         bfloat16  out  (scratch: MX(x), even then
 # parameter annotations as objects.
 from v41 import mx_fp4_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.subgraph import one_subgraph
 
 ROW_TILE = 16  # dispatched rows per row tile
 # W1/W3 rows (and W2 column block) and W2 rows per decoded weight tile.  Larger tiles are
@@ -144,6 +146,25 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+def _activation_rows(pypto, x, x_mx, start, valid, rows, even_odd):
+    """Rows ``start .. start+valid`` of ``x_mx``: ``MX(x)`` of those rows of ``x``, its even
+    columns then its odd ones, as one forced task (:mod:`v41.subgraph`): a chain of small
+    tasks here was queued behind the weight decodes and held the cube products."""
+    d = x.shape[1]
+    dh = d // 2
+    cols = mx_linear.cols
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rows, cols(d))
+        x32 = pypto.cast(pypto.view(x, [rows, d], [start, 0], valid_shape=[valid, d]),
+                         pypto.DT_FP32)
+        a = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, d)
+        pypto.set_vec_tile_shapes(rows, cols(d))
+        for half, ids in enumerate(even_odd):  # unrolled at trace time
+            part = pypto.view(pypto.index_select(a, 1, ids), [rows, dh], [0, 0],
+                              valid_shape=[valid, dh])
+            pypto.assemble(part, [start, half * dh], x_mx)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           i_tile: int = I_TILE, runtime_options: dict | None = None):
     """The jit kernel ``routed_experts(x, route_weight, expert_offsets, w1, w1_scale, w3,
@@ -195,17 +216,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         for q in pypto.loop((used + rows - 1) // rows, name="RE_ACT", idx_name="q"):
             start = q * rows
             valid = (used - start).min(rows)
-            pypto.set_vec_tile_shapes(rows, cols(d))
-            x32 = pypto.cast(pypto.view(x, [rows, d], [start, 0], valid_shape=[valid, d]),
-                             pypto.DT_FP32)
-            a = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, d)
-            pypto.set_vec_tile_shapes(rows, cols(d))
-            a_even = pypto.view(pypto.index_select(a, 1, x_even), [rows, dh], [0, 0],
-                                valid_shape=[valid, dh])
-            a_odd = pypto.view(pypto.index_select(a, 1, x_odd), [rows, dh], [0, 0],
-                               valid_shape=[valid, dh])
-            pypto.assemble(a_even, [start, 0], x_mx)
-            pypto.assemble(a_odd, [start, dh], x_mx)
+            _activation_rows(pypto, x, x_mx, start, valid, rows, (x_even, x_odd))
         for j in pypto.loop(n_local, name="RE_EXPERTS", idx_name="j"):
             s = expert_offsets[j]
             e = expert_offsets[j + 1]
