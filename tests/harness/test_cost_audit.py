@@ -21,7 +21,7 @@ WIDE = "UB_[0,0][1024,16]-{a}-{b} 65536B"
 NARROW = "UB_[0,0][1024,1]-{a}-{b} 4096B"
 
 
-def _trace(tmp_path):
+def _trace(tmp_path, machine=True):
     events = [
         _meta(40001, "AIV_1"), _meta(40002, "AIV_2"), _meta(30001, "AIC_1"),
         _meta(20001, "AICPU_0"),
@@ -34,8 +34,8 @@ def _trace(tmp_path):
         # equal shapes: charged right, (0.76264*65536*2e-6 + 0.0221)*2000 + 1 -> 245
         _op(40001, 52, 245, "13 ADDS 7 " + WIDE.format(a=7, b=3) + " TO 11 "
             + WIDE.format(a=11, b=7) + " Task[1]-r"),
-        # copies are not vector work
-        _op(40001, 300, 1748, "14 COPY_IN 1 DDR_[0,0][40960,16]-1-1 655360B TO 2 "
+        # copies are not vector work; this one is logged past the machine-level end
+        _op(40001, 1500, 1748, "14 COPY_IN 1 DDR_[0,0][40960,16]-1-1 655360B TO 2 "
             "UB_[0,0][1024,32]-2-2 32768B Task[1]-r"),
         _op(40002, 0, 521, "15 MUL 5 " + WIDE.format(a=5, b=1) + ",6 " + WIDE.format(a=6, b=2)
             + " TO 7 " + WIDE.format(a=7, b=3) + ", Task[2]-r"),
@@ -44,6 +44,8 @@ def _trace(tmp_path):
             "L0C_[0,0][16,256]-2-2 16384B Task[3]-r"),
         _op(20001, 0, 200, "Dispatch_Task_1"),
     ]
+    if machine:  # the machine level's task spans set the launch's end
+        events += [_meta(1000, "Top_Machine"), _op(1000, 0, 1200, "0-1-0-0-0 (a)")]
     path = tmp_path / cost_audit.TRACE_NAME
     path.write_text(json.dumps({"traceEvents": events}))
     return path
@@ -60,7 +62,7 @@ def test_charge_reproduces_the_models_own_figures():
 
 def test_audit_recomputes_from_the_largest_tile_operand(tmp_path):
     a = cost_audit.audit_trace(_trace(tmp_path))
-    assert a.end_cycles == 5000
+    assert (a.end_cycles, a.trailing) == (1200, 1)
     assert set(a.ops) == {"MUL", "GATHER", "ADDS"}
     assert (a.ops["MUL"].count, a.ops["MUL"].charged, a.ops["MUL"].by_largest) == (
         2, 41 + 521, 521 + 521)
@@ -73,6 +75,11 @@ def test_audit_recomputes_from_the_largest_tile_operand(tmp_path):
     assert [op for op, _ in a.rows()][:2] == ["GATHER", "MUL"]
 
 
+def test_without_machine_events_the_end_is_the_last_event(tmp_path):
+    a = cost_audit.audit_trace(_trace(tmp_path, machine=False))
+    assert (a.end_cycles, a.trailing) == (5000, 0)
+
+
 def test_cli_lists_each_trace_and_refuses_an_empty_directory(tmp_path, capsys):
     run = tmp_path / "run" / "launch-0001-probe-rank0" / "output"
     run.mkdir(parents=True)
@@ -80,6 +87,7 @@ def test_cli_lists_each_trace_and_refuses_an_empty_directory(tmp_path, capsys):
     assert cost_audit.main([str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "launch-0001-probe-rank0" in out and "GATHER" in out
+    assert "1 vector-core pipe events logged past the end" in out
     assert cost_audit.main([str(tmp_path / "nothing")]) == 1
     assert "no _simulate.pefetto.trace.json" in capsys.readouterr().out
 
