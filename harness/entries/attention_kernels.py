@@ -78,6 +78,7 @@ class RankLauncher:
     memo: "LaunchMemo | None" = None  # a5sim launch reuse (see :func:`launch_key`)
     trace: list | None = None  # dry: (module, axes, args and outputs) of every launch
     launched: int = 0  # kernels interpreted / run on this rank
+    observed: dict = dataclasses.field(default_factory=dict)  # kernel outputs the comparison reads ("qr")
     reused: int = 0  # launches answered by the memo (an identical earlier launch's outputs)
 
     def __call__(self, module: str, axes: dict, args: dict, *, validate=None,
@@ -354,6 +355,7 @@ def rank_partial(launch: RankLauncher, config: V41Config, layer: int, x, w, cach
     partial = torch.zeros(T, config.hidden_size)
     topk_full = None if lc.mode is Mode.SWA else torch.full((T, config.index.topk), -1, dtype=_I32)
     if n == 0:
+        launch.observed["qr"] = torch.zeros(0, config.q_lora_rank, dtype=torch.bfloat16)
         return partial, topk_full
     xa = x[:n].contiguous()
     cos_t, sin_t = rope.profile(lc)
@@ -368,6 +370,7 @@ def rank_partial(launch: RankLauncher, config: V41Config, layer: int, x, w, cach
                        {"wq_a": _u8(qkv.wq_a), "wq_a_scale": qkv.wq_a_scale, "q_norm": qkv.q_norm,
                         "wq_b": wq_b.contiguous(), "wq_b_scale": wq_b_scale.contiguous(), "wkv": _u8(qkv.wkv),
                         "wkv_scale": qkv.wkv_scale, "kv_norm": qkv.kv_norm})
+    launch.observed["qr"] = proj["qr"]
     topk = None
     if lc.mode in _INDEXED:
         topk = _select(launch, config, layer, lc, xa, proj["qr"], w.indexer, md, batch, rope, caches, n)
@@ -484,7 +487,7 @@ def kernel_sut(layer: int):
             launch = RankLauncher(platform, config, rank, case.preset, memo=memo)
             result = rank_partial(launch, config, layer, x, w, caches, batch, rope, tp, rank, active)
             records.extend(launch.cost())
-            return result
+            return (*result, launch.observed)
 
         return paths.alternate(layer, partial_fn, lambda: records)(platform, config, case, inputs)
     return run

@@ -14,8 +14,9 @@
   for the byte-identity check); ``sharded``: each rank's input slab through
   ``publish_gather``/``all_gather``, partials through ``reduce_scatter``, slabs
   reassembled (``out_slab_tail``: the slab rows past ``T``, which must be zero).
-* :func:`selected_output`: the output reference for a Top-K selection other than the
-  nominal one, from the reference caches and the original weights.
+* :func:`output_reference`: the output reference for a Top-K selection other than the
+  nominal one and for accepted Q-A latents (:mod:`harness.entries.qr_rounding`), from the
+  reference caches and the original weights.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from goldens.o_proj import o_proj_partial
 from goldens.qkv import kv_proj_rope, q_lora, q_proj_rope
 from goldens.rope import materialize_rope_rows
 from goldens.sparse_attention import concat_kv_parts, gather_compressed_kv, sparse_attention
-from goldens.tp import AttentionBatch, decode_attention
+from goldens.tp import (AttentionBatch, attention_keys, attention_rank_partial, decode_attention,
+                        replicated_wiring)
 from goldens.window_cache import gather_window_kv, publish_window_kv
 from harness.entries.attention_fixture import (batch_from, caches_flat, caches_from, num_state_blocks,
                                                rope_from, weights_from)
@@ -143,6 +145,10 @@ def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None, 
     active, epoch)`` per rank (default: the golden pieces, :func:`rank_partial`) and the host
     transports of the case's wiring, ``case.epochs`` times.
 
+    ``partial_fn`` may return a third item, a dict of what the rank's launches returned
+    besides the partial: its ``"qr"`` (the Q-A latent of the active rows) comes back as
+    ``qr_ranks`` ``[tp, T, q_lora]`` (last epoch) for :mod:`harness.entries.qr_rounding`.
+
     ``site`` (an mHC composition around the leaf) supplies each rank's normalized input,
     ``site.prepare(rank, epoch)``: ``[T, D]`` replicated, the rank's capacity slab
     ``[width, D]`` sharded; and takes each rank's output, ``site.finish(rank, epoch, y)``
@@ -164,11 +170,12 @@ def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None, 
                 slab[:count] = xs[r][:count] if site else x[first:first + count]
                 group.publish_gather(r, epoch, slab)
             gathered = [group.all_gather(epoch, active) for _ in range(tp)]
-        topks = []
+        topks, latents = [], []
         for r, (w, rope, batch, caches, x) in enumerate(states):
             x_in = gathered[r] if sharded else (xs[r] if site else x)
-            partial, topk = partial_fn(config, layer, x_in, w, caches, batch, rope, tp, r, active, epoch)
+            partial, topk, *seen = partial_fn(config, layer, x_in, w, caches, batch, rope, tp, r, active, epoch)
             topks.append(topk)
+            latents.append(seen[0].get("qr") if seen else None)
             (group.publish_partial if sharded else group.publish_reduce)(r, epoch, partial)
         if sharded:
             per_rank = [group.reduce_scatter(r, epoch, active) for r in range(tp)]
@@ -190,6 +197,11 @@ def _group_alternate(config, case, inputs, g: int, layer: int, partial_fn=None, 
     if topks[0] is not None:
         result["topk"] = topks[0]
         result["topk_ranks"] = torch.stack(topks)
+    if all(q is not None for q in latents):  # the last epoch's Q-A latents, rows past active zero
+        qr = torch.zeros(tp, T, latents[0].shape[-1], dtype=latents[0].dtype)
+        for r, q in enumerate(latents):
+            qr[r, :q.shape[0]] = q
+        result["qr_ranks"] = qr
     return result
 
 
@@ -203,7 +215,7 @@ def alternate(layer: int, partial_fn=None, records=None):
         for g, res in enumerate(groups):
             out[g] = res.pop("out")
         stacked = {k: torch.stack([res.pop(k) for res in groups])
-                   for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks") if k in groups[0]}
+                   for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks", "qr_ranks") if k in groups[0]}
         result = {"out": out, **stacked}
         for res in groups:
             result.update(res)
@@ -211,21 +223,29 @@ def alternate(layer: int, partial_fn=None, records=None):
     return run
 
 
-def selected_output(config: V41Config, case, inputs: dict, gold: dict, g: int, layer: int,
-                    topk: torch.Tensor) -> torch.Tensor:
-    """Output reference of group ``g`` for the Top-K rows ``topk`` (an accepted selection
-    other than the nominal one): the reference caches after the call (``gold``), the
-    original weights and inputs, the replicated wiring at the case's TP size."""
+def output_reference(config: V41Config, case, inputs: dict, gold: dict, g: int, layer: int,
+                     topk: torch.Tensor | None = None, qr: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Output reference of group ``g`` for an accepted Top-K selection ``topk`` (None: the
+    golden's rows) and accepted per-rank Q-A latents ``qr`` (``[T, q_lora]`` per TP rank;
+    None: ``q_lora`` of the input): the reference caches after the call (``gold``), the
+    original weights and inputs, the replicated wiring at the case's TP size (rank-order
+    FP32 sum, one BF16 cast)."""
     lc = config.layer_config(layer)
     w, rope, batch, _, x = group_state(config, case, inputs, g, layer)
     ref = caches_from(config, gold, g, case.tokens)
     n = case.group_active(g)
     rc, rs = _rope_rows(config, lc, batch, rope, n)
-    rows = topk.clone()
-    rows[n:] = -1
-    sc = ref.sources[lc.kv_source]
+    compressed = None
+    if lc.mode is not Mode.SWA:
+        rows = (gold["topk"][g] if topk is None else topk).clone()
+        rows[n:] = -1
+        sc = ref.sources[lc.kv_source]
+        compressed = gather_compressed_kv(sc.compressed_kv, sc.compressed_kv_scale, rows)
     wc = ref.windows[layer]
     md = batch.metadata
-    ab = AttentionBatch(rc, rs, md.window_slots, md.window_indices, wc.payload, wc.scales,
-                        gather_compressed_kv(sc.compressed_kv, sc.compressed_kv_scale, rows))
-    return decode_attention(x, w.attn, ab, config, case.tp, "replicated", n)
+    ab = AttentionBatch(rc, rs, md.window_slots, md.window_indices, wc.payload, wc.scales, compressed)
+    if qr is None:
+        return decode_attention(x, w.attn, ab, config, case.tp, "replicated", n)
+    keys, valid = attention_keys(x, w.attn, ab, config)
+    return replicated_wiring(x, lambda xg, r: attention_rank_partial(xg, keys, valid, w.attn.shard(config, case.tp, r),
+                                                                     ab, config, qr[r]), case.tp, n)

@@ -232,17 +232,18 @@ def kernel_sut(layer: int):
             site = KernelSite(platform, config, case, inputs, g, launchers, memo)
 
             def partial_fn(config, layer, x, w, caches, batch, rope, tp, rank, active, epoch, site=site):
-                return attention_kernels.rank_partial(site.launcher(rank, epoch), config, layer, x, w, caches,
-                                                      batch, rope, tp, rank, active)
+                launch = site.launcher(rank, epoch)
+                return (*attention_kernels.rank_partial(launch, config, layer, x, w, caches, batch, rope, tp, rank,
+                                                        active), launch.observed)
             res = paths._group_alternate(config, case, leaf_inputs, g, layer, partial_fn, site)
             outs.append(res.pop("out"))
-            for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks"):
+            for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks", "qr_ranks"):
                 if k in res:
                     result.setdefault(k, []).append(res.pop(k))
             result.update(res)
             x_hc.append(site.x_hc_out)
             pre.append(site.pre_out)
-        for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks"):
+        for k in ("out_ranks", "out_slab_tail", "topk", "topk_ranks", "qr_ranks"):
             if k in result:
                 result[k] = torch.stack(result[k])
         out = inputs["out"]

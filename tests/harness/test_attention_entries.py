@@ -173,7 +173,7 @@ def test_a_corrupted_state_ring_slot_fails(monkeypatch):
     def mutate(config, case, inputs, out):
         out[key] += 0.5  # every slot: written ones exceed the bound, the rest change bytes
     bad = failed(run_broken(monkeypatch, "golden_alt_decode_attn_c2a_full", mutate))
-    assert {(key, "state_rows"), (key, "exact_bytes")} <= bad
+    assert {(key, "state_row_rel_l2"), (key, "exact_bytes")} <= bad
 
 
 def test_a_duplicate_topk_entry_fails_acceptance(monkeypatch):
@@ -242,12 +242,12 @@ def test_an_accepted_other_selection_is_judged_against_its_own_reference(monkeyp
     base = registry.get("golden_alt_decode_attn_c1a_full")
 
     def consistent(config, case, inputs, out):
-        from harness.entries.attention_paths import selected_output
+        from harness.entries.attention_paths import output_reference
         _swap_one(out, 0)
         out["g0.cache.topk_rows.L6"].copy_(out["topk"][0])
         inputs = base.build_inputs(config, case)
         gold = base.golden(config, case, inputs)
-        out["out"][0] = selected_output(config, case, inputs, gold, 0, config.representative_layer(
+        out["out"][0] = output_reference(config, case, inputs, gold, 0, config.representative_layer(
             attention.Mode.C1A_FULL), out["topk"][0])
 
     def nominal_output(config, case, inputs, out):
@@ -256,6 +256,44 @@ def test_an_accepted_other_selection_is_judged_against_its_own_reference(monkeyp
 
     assert run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", consistent).status == "pass"
     bad = failed(run_broken(monkeypatch, "golden_alt_decode_attn_c1a_full", nominal_output))
+    assert ("g0.out", "row_rms") in bad
+
+
+def _latents_with_row_changed(config, case, inputs, layer, row: int):
+    """Every rank's golden Q-A latent with ``row`` changed (one element doubled), as a
+    kernel SUT returns them (``qr_ranks`` ``[dp, tp, T, q_lora]``)."""
+    from goldens.qkv import q_lora
+    from harness.entries.attention_fixture import weights_from
+    qr = q_lora(inputs["g0.x"], weights_from(config, layer, inputs).attn.qkv, config)
+    qr[row, 3] *= 2
+    return qr.expand(case.dp, case.tp, *qr.shape).clone()
+
+
+def test_an_accepted_qr_is_judged_against_its_own_reference(monkeypatch):
+    """A SUT row whose Q-A latent is accepted (forced here) is judged against the output
+    recomputed on that latent; the real rule does not accept a doubled element, so the
+    same output fails the row bound against the nominal reference."""
+    entry = "golden_alt_decode_attn_c1a_reuse"
+    base = registry.get(entry)
+
+    def consistent(config, case, inputs, out):
+        from harness.entries.attention_paths import output_reference
+        layer = config.representative_layer(attention.Mode.C1A_REUSE)
+        inputs = base.build_inputs(config, case)
+        gold = base.golden(config, case, inputs)
+        out["qr_ranks"] = _latents_with_row_changed(config, case, inputs, layer, 1)
+        out["out"][0] = output_reference(config, case, inputs, gold, 0, layer, None, list(out["qr_ranks"][0]))
+
+    forced = {}
+    real = attention.qr_rounding.accept_row
+    monkeypatch.setattr(attention.qr_rounding, "accept_row", lambda *a: forced.get("accept", real(*a)))
+    forced["accept"] = True
+    result = run_broken(monkeypatch, entry, consistent)
+    assert result.status == "pass", result.failure_text()
+    note = next(v.note for v in result.verdicts if v.output == "g0.out" and v.check == "row_rms")
+    assert "rows [1] recomputed on the SUT's qr" in note
+    forced.clear()
+    bad = failed(run_broken(monkeypatch, entry, consistent))
     assert ("g0.out", "row_rms") in bad
 
 
