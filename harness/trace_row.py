@@ -34,10 +34,11 @@ import torch
 
 from goldens.o_proj import o_proj_partial
 from goldens.qkv import kv_proj_rope, q_lora, q_proj_rope, rms_norm_bf16
-from goldens.quant import MX_GROUP, e8m0_decode, mxfp8_linear, quantize_mxfp8_activation
+from goldens.quant import mxfp8_linear
 from goldens.sparse_attention import concat_kv_parts, gather_compressed_kv, sparse_attention
 from goldens.window_cache import gather_window_kv, publish_window_kv
 from harness import launch_record
+from harness.entries import qr_rounding
 from harness.case import Case
 
 
@@ -80,32 +81,20 @@ def row_ratios(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return float(d.pow(2).mean().sqrt()) / (1e-6 + 0.01 * rr), float(d.abs().max()) / (1e-5 + 0.05 * rr)
 
 
-def _bf16_neighbours(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    bits = v.view(torch.int16).int()
-    return ((bits + 1).to(torch.int16).view(torch.bfloat16), (bits - 1).to(torch.int16).view(torch.bfloat16))
-
-
 def qr_ties(x_row: torch.Tensor, qkv, kernel_qr: torch.Tensor, eps: float, top: int = 3) -> str:
     """Which roundings of the row's Q-A projection (``MX(x) @ wq_a^T`` to BF16, then RMSNorm
     to BF16: the ``q_lora`` boundaries) the kernel's and the golden's ``qr`` took, against
-    the exact projection (FP64 group dots and sums, rounded once)."""
-    g = MX_GROUP
-    xa, codes = quantize_mxfp8_activation(x_row[None], g)
-    sa = e8m0_decode(codes).double()[0]
-    sw = e8m0_decode(qkv.wq_a_scale).double().repeat_interleave(g, 0)
-    w64 = qkv.wq_a.to(torch.float64)
-    n, k = w64.shape
-    dots = (w64 * xa.to(torch.float64)[0][None, :]).view(n, k // g, g).sum(-1)
-    exact = (dots * sa[None, :] * sw).sum(-1)
-    exact_qr = rms_norm_bf16(exact.float().to(torch.bfloat16)[None], qkv.q_norm, eps)[0]
-    gold_lin = mxfp8_linear(x_row[None], qkv.wq_a, qkv.wq_a_scale)[0]
-    gold_qr = rms_norm_bf16(gold_lin[None], qkv.q_norm, eps)[0]
-    up, down = _bf16_neighbours(gold_lin)
-    mid = torch.minimum((exact - (gold_lin.double() + up.double()) / 2).abs(),
-                        (exact - (gold_lin.double() + down.double()) / 2).abs()) / exact.abs().clamp_min(1e-30)
-    near = [f"{int(j)} ({float(mid[j]):.1e})" for j in mid.argsort()[:top]]
+    the exact projection (FP64 group dots and sums, rounded once), and whether the entries'
+    acceptance rule (:mod:`harness.entries.qr_rounding`) accepts the kernel's row."""
+    exact = qr_rounding.exact_projection(x_row, qkv.wq_a, qkv.wq_a_scale)
+    _, _, nearest, tie = qr_rounding.bf16_bracket(exact)
+    exact_qr = rms_norm_bf16(nearest[None], qkv.q_norm, eps)[0]
+    gold_qr = rms_norm_bf16(mxfp8_linear(x_row[None], qkv.wq_a, qkv.wq_a_scale), qkv.q_norm, eps)[0]
+    near = [f"{int(j)} ({float(tie[j]):.1e})" for j in tie.argsort()[:top]]
     side = {True: "correctly rounded", False: "not correctly rounded"}
-    return (f"kernel qr {side[torch.equal(kernel_qr, exact_qr)]}, golden qr {side[torch.equal(gold_qr, exact_qr)]} "
+    accepted = qr_rounding.accept_row(x_row, qkv, eps, kernel_qr)
+    return (f"kernel qr {side[torch.equal(kernel_qr, exact_qr)]}, golden qr {side[torch.equal(gold_qr, exact_qr)]}, "
+            f"kernel qr {'accepted' if accepted else 'not accepted'} as a legitimate rounding "
             f"(exact projection's elements nearest a BF16 tie, relative distance: {', '.join(near)})")
 
 
