@@ -141,17 +141,21 @@ def accept_row(x_row: torch.Tensor, qkv, eps: float, sut_qr: torch.Tensor) -> bo
         kept = [val for val, ok in zip(values, keep.tolist()) if ok]
         if not kept:
             return False
-        options.append(kept)
-    if math.prod(len(o) for o in options) > MAX_COMBINATIONS:
-        return False
-    for combo in itertools.product(*options):
+        target = float(sut_qr[j])  # the closest first: the greedy candidate below
+        options.append(sorted(kept, key=lambda val: abs(val * f - target)))
+
+    def explains(combo) -> bool:
         lin = nearest.clone()
         if combo:
             lin[free] = torch.tensor(combo, dtype=torch.bfloat16)
         y = _normalized(lin[None], qkv.q_norm, eps)[0]
-        if bool(legitimate(sut_qr, y, NORM_WINDOW * y.abs()).all()):
-            return True
-    return False
+        return bool(legitimate(sut_qr, y, NORM_WINDOW * y.abs()).all())
+
+    if explains([o[0] for o in options]):
+        return True
+    if math.prod(len(o) for o in options) > MAX_COMBINATIONS:
+        return False
+    return any(explains(combo) for combo in itertools.product(*options))
 
 
 def accepted_rows(x: torch.Tensor, qkv, eps: float, sut_qr: torch.Tensor, golden_qr: torch.Tensor,
