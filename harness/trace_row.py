@@ -86,7 +86,7 @@ def qr_ties(x_row: torch.Tensor, qkv, kernel_qr: torch.Tensor, eps: float, top: 
     to BF16: the ``q_lora`` boundaries) the kernel's and the golden's ``qr`` took, against
     the exact projection (FP64 group dots and sums, rounded once), and whether the entries'
     acceptance rule (:mod:`harness.entries.qr_rounding`) accepts the kernel's row."""
-    exact, radius = qr_rounding.exact_projection(x_row, qkv.wq_a, qkv.wq_a_scale)
+    exact, _ = qr_rounding.exact_projection(x_row, qkv.wq_a, qkv.wq_a_scale)
     _, _, nearest, tie = qr_rounding.bf16_bracket(exact)
     tie = tie / exact.abs().clamp_min(1e-300)
     exact_qr = rms_norm_bf16(nearest[None], qkv.q_norm, eps)[0]
