@@ -14,31 +14,40 @@ host doing metadata, page tables, transports and orchestration), and compares:
 
 * ``tokens``: the kernel path's ids against ``goldens.forward.generate`` on the same
   checkpoint, prompts and page layout (``golden_tokens``); they must be equal;
-* ``logits``: every step's logit rows against the golden forward of the SAME step (same
-  ids fed, same metadata, the golden's own carried caches) by the contract's per-row bound
+* ``logits``: every step's logit rows against the golden on the SAME inputs (the golden's
+  ``lm_head`` on the kernels' own gathered hidden rows, after ``hc_head`` and the final norm
+  replayed on the kernels' last lanes) by the contract's per-row bound
   (``RMS(a-r) <= 1e-6 + 0.01 RMS(r)``, ``max|a-r| <= 1e-5 + 0.05 RMS(r)``);
-  ``worst_logit_row_ratio`` is the largest measured/bound over every row and both checks.
+  ``worst_logit_row_ratio`` is the largest measured/bound over every row and both checks;
+* ``free_running_logit_row_ratio``: the same bound against the golden forward of the same
+  step on the golden's own carried caches (same ids fed, same metadata).  Reported, not
+  judged: see "Why the free-running logits are not judged" below.
 
 ``--json`` prints ``tokens``, ``golden_tokens``, ``tokens_match``, ``kernel_launches``
 (kernels run; ``reused_launches``: launches the a5sim memo answered with an identical
 earlier launch's outputs), ``golden_alt_launches`` (calls into the golden-alt attention
 path or a golden compute function during the kernel forwards, counted: must be 0),
-``worst_logit_row_ratio``, ``step_seconds`` (wall time per step) and
-``step_estimated_a5_us`` (per step, the sum over sites of the slowest rank's estimated A5
-time), and the site replay: ``replay_passed`` / ``replay_worst_row_ratio`` /
+``worst_logit_row_ratio``, ``free_running_logit_row_ratio``, ``step_seconds`` (wall time
+per step) and ``step_estimated_a5_us`` (per step, the sum over sites of the slowest rank's
+estimated A5 time), and the site replay: ``replay_passed`` / ``replay_worst_row_ratio`` /
 ``replay_failures`` (every site's golden REPLAYED on the kernels' own site inputs, and
 every Attention site's cache writes inside its mode's ownership on every rank with the
-ranks' replicas byte-equal, :mod:`harness.model.replay`), and ``first_drift_site`` (the first site whose free-running
-lanes leave the per-row bound against the golden's own run: where rounding differences,
-each inside its budget, have grown through the layers).  Exit status 0 when tokens match,
-every logit row and every replayed site is inside its bound and no golden-alt call was
-made; 1 otherwise; 2 for bad arguments (named, before any launch).
+ranks' replicas byte-equal, :mod:`harness.model.replay`), and ``first_drift_site`` (the
+first site whose free-running lanes leave the per-row bound against the golden's own run:
+where rounding differences, each inside its budget, have grown through the layers).  Exit
+status 0 when tokens match, every step's logit rows and every replayed site are inside
+their bounds and no golden-alt call was made; 1 otherwise; 2 for bad arguments (named,
+before any launch).
 
-``golden_self_drift`` (:mod:`harness.model.sensitivity`) puts the free-running figure in
-scale: the golden against itself over the same feeds with one-ulp BF16 nudges on 0.1 % of
-the residual elements after every site.  Where that already leaves the per-row bound, the
-free-running logit check measures the checkpoint's sensitivity; the site replay is what
-measures the kernels.
+Why the free-running logits are not judged: the contract's per-row bound compares a
+kernel's output with the golden's on the same input.  Free-running, the two forwards
+carry different (each legitimately rounded) caches and residuals through every site, and
+this checkpoint amplifies any difference: ``golden_self_drift``
+(:mod:`harness.model.sensitivity`) runs the golden against itself over the same feeds with
+one-ulp BF16 nudges on 0.1 % of the residual elements after every site, and its logits
+leave the bound many times over.  A free-running bound would ask for bit-exactness with
+the golden's accumulation order.  Each site replayed on the kernels' own inputs, the head
+included, is what measures the kernels; the tokens are the end-to-end check.
 
 One DP group: the EP world is the TP ranks (``--ep`` must equal ``--tp``).  The a5 platform
 needs a card and the CANN runtime; without them the run stops with the reason.
@@ -140,7 +149,7 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
     kernel_pool, golden_pool = pools
     replicas = model.replicas(kernel_pool.caches)
     tokens: list[list[int]] = [[] for _ in rids]
-    steps, worst, within, golden_calls = [], 0.0, True, 0
+    steps, worst, within, free_worst, golden_calls = [], 0.0, True, 0.0, 0
     replay_failures, replay_worst, first_drift, replayed = [], 0.0, None, 0
     feeds = prompts
     for step in range(new_tokens):
@@ -159,9 +168,12 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
         for pc in pools:
             pc.advance(rids, rows)
         # every site replayed on the kernel's own inputs: each must hold the per-row bound
-        step_replay, replayed = 0.0, replayed + len(traces)
+        step_replay, replayed, head_rows = 0.0, replayed + len(traces), None
         for tr in traces:
-            verdicts, w = replay_site(config, golden, batch, tr)
+            rows_out: dict = {}
+            verdicts, w = replay_site(config, golden, batch, tr, rows=rows_out)
+            if tr.kind == "head":
+                head_rows = rows_out.get("head.logits")
             step_replay = max(step_replay, w)
             replay_failures += [f"step {step} {v.output} {v.check}: {v.detail}" for v in verdicts if not v.passed]
             replay_failures += [f"step {step} {p}" for p in ownership_problems(config, tr)]
@@ -172,16 +184,21 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
                 if float(drift.max()) > 1.0:
                     first_drift = {"step": step, "layer": tr.layer, "site": tr.kind, "ratio": float(drift.max())}
         replay_worst = max(replay_worst, step_replay)
-        ratios = row_bound_ratios(out.logits, gold.logits)
-        worst = max(worst, float(ratios.max()))
-        within = within and bool((ratios <= 1.0).all())
+        if head_rows is None:  # no head site replayed: the step's logits were not checked
+            replay_failures.append(f"step {step} head: no logit rows were replayed")
+            head_rows = torch.full((1,), float("inf"), dtype=torch.float64)
+        worst = max(worst, float(head_rows.max()))
+        within = within and bool((head_rows <= 1.0).all())
+        free = row_bound_ratios(out.logits, gold.logits)
+        free_worst = max(free_worst, float(free.max()))
         for r in rids:
             tokens[r].append(int(out.next_ids[r]))
         steps.append({"kind": "prefill" if step == 0 else "decode", "rows": rows, "seconds": round(seconds, 3),
                       "estimated_a5_us": out.estimate_us(), "kernel_launches": out.launched,
                       "reused_launches": out.reused,
                       "site_launches": {c.name: c.launched + c.reused for c in out.sites},
-                      "logit_row_ratio": [round(float(x), 4) for x in ratios],
+                      "logit_row_ratio": [round(float(x), 4) for x in head_rows],
+                      "free_running_logit_row_ratio": [round(float(x), 4) for x in free],
                       "replay_worst_row_ratio": round(step_replay, 4),
                       "ids": out.next_ids.tolist(), "golden_ids_same_feed": gold.next_ids.tolist()})
         feeds = [[t[-1]] for t in tokens]
@@ -196,6 +213,7 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
             "reused_launches": sum(s["reused_launches"] for s in steps),
             "golden_alt_launches": golden_calls,
             "worst_logit_row_ratio": worst, "logits_within_bound": within,
+            "free_running_logit_row_ratio": free_worst,
             "replay_sites": replayed,
             "replay_passed": not replay_failures, "replay_worst_row_ratio": replay_worst,
             "replay_failures": replay_failures[:20], "first_drift_site": first_drift,
@@ -206,8 +224,9 @@ def run(config, root: str, *, platform_name: str, tp: int, prompts: list[list[in
 
 
 def passed(result: dict) -> bool:
-    """Tokens equal, every logit row inside its bound, every replayed site inside its
-    bound, and no golden-alt call."""
+    """Tokens equal, every step's logit rows inside the per-row bound against the golden on
+    the same inputs, every replayed site inside its bound, and no golden-alt call.  The
+    free-running logits (``free_running_logit_row_ratio``) are reported, not judged."""
     return bool(result["tokens_match"] and result["logits_within_bound"] and result["replay_passed"]
                 and result["golden_alt_launches"] == 0)
 
@@ -219,12 +238,13 @@ def _report(result: dict) -> None:
     con.print(f"[bold]v41 kernels generating[/bold]: preset {result['preset']}, {result['platform']} "
               f"(verify {result['verify_level']}), TP{result['tp']} EP{result['ep']}, checkpoint "
               f"{result['checkpoint']}")
-    t = Table("step", "kind", "rows", "wall s", "est. A5 us", "launched", "reused", "worst row ratio", "ids",
-              "golden ids (same feed)")
+    t = Table("step", "kind", "rows", "wall s", "est. A5 us", "launched", "reused", "logit rows (same inputs)",
+              "free-running", "ids", "golden ids (same feed)")
     for i, s in enumerate(result["steps"]):
         t.add_row(str(i), s["kind"], str(s["rows"]), f"{s['seconds']:.1f}",
                   "-" if s["estimated_a5_us"] is None else f"{s['estimated_a5_us']:.1f}",
                   str(s["kernel_launches"]), str(s["reused_launches"]), f"{max(s['logit_row_ratio']):.4f}",
+                  f"{max(s['free_running_logit_row_ratio']):.2f}",
                   str(s["ids"]), str(s["golden_ids_same_feed"]))
     con.print(t)
     ok = passed(result)
@@ -243,7 +263,8 @@ def _report(result: dict) -> None:
               f"(ids {'unchanged' if g['ids_equal'] else 'CHANGED'}): the model's own sensitivity on this checkpoint")
     con.print(f"tokens {result['tokens']} golden {result['golden_tokens']}: "
               f"{'[green]match[/green]' if result['tokens_match'] else '[red]DIFFER[/red]'}; worst logit row "
-              f"{result['worst_logit_row_ratio']:.4f} of its bound; golden-alt launches "
+              f"{result['worst_logit_row_ratio']:.4f} of its bound against the golden on the same inputs "
+              f"(free-running {result['free_running_logit_row_ratio']:.2f}, reported); golden-alt launches "
               f"{result['golden_alt_launches']}; {'[green]PASS[/green]' if ok else '[red]FAIL[/red]'}")
 
 

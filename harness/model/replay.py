@@ -54,11 +54,16 @@ def ownership_problems(config, trace) -> list[str]:
     return out
 
 
-def replay_site(config, golden, batch, trace) -> tuple[list, float]:
-    """``(verdicts, worst row ratio)`` of the golden site replayed on ``trace``'s inputs."""
+def replay_site(config, golden, batch, trace, rows: dict | None = None) -> tuple[list, float]:
+    """``(verdicts, worst row ratio)`` of the golden site replayed on ``trace``'s inputs;
+    ``rows``, when given, receives each output's per-row ratios (``"head.logits"``: the
+    step's logit rows against the golden's ``lm_head`` on the kernels' own hidden rows)."""
     verdicts, worst = [], 0.0
     for name, actual, ref in _pairs(config, golden, batch, trace):
         verdicts += check_row_bound(name, actual, ref)
         if actual.numel():
-            worst = max(worst, float(row_bound_ratios(actual, ref).max()))
+            ratios = row_bound_ratios(actual, ref)
+            worst = max(worst, float(ratios.max()))
+            if rows is not None:
+                rows[name] = ratios
     return verdicts, worst
