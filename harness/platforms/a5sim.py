@@ -17,6 +17,7 @@ deterministic run to run.
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import re
 import shutil
@@ -33,6 +34,16 @@ from harness.platforms.base import (CostReport, LaunchResult, Platform, Platform
                                     check_tensors)
 
 VERIFY_LEVELS = verify.VERIFY_LEVELS  # "tensor": tensor graph only; "lowered": + every pass
+ENV_COST_MODEL = "V41_A5SIM_COST_MODEL"  # "0": numerics only, no estimate (default "1")
+
+
+def cost_model_from_env() -> bool:
+    """False when ``V41_A5SIM_COST_MODEL=0`` (launches interpret but get no estimate), True
+    when unset or ``1``; PlatformError naming the variable for any other value."""
+    value = os.environ.get(ENV_COST_MODEL, "1")
+    if value not in ("0", "1"):
+        raise PlatformError(f"{ENV_COST_MODEL}: {value!r} is not one of ('0', '1')")
+    return value == "1"
 
 
 def verify_level_from_env() -> str:
@@ -89,6 +100,10 @@ class A5SimPlatform(Platform):
     ``verify="cost"`` (only by argument, never from the environment) compiles and runs the
     cost model without the interpreter: :attr:`estimate_only` is True, outputs are not
     computed, and the runner refuses to compare them.
+    ``cost_model=False`` (None reads ``V41_A5SIM_COST_MODEL``) is the converse: launches
+    interpret and are checked as usual but skip the cost model, so they carry no estimate
+    (the same output bits in about half the time; for FLASH numerics runs, whose
+    estimates come from ``python -m harness.bench --estimate-only``).
     Launches are served one at a time by a worker that keeps pypto loaded
     (:class:`harness.platforms.worker.Worker`), replaced every ``V41_WORKER_JOBS``
     launches; it and the run root go away with this process however it ends.
@@ -97,7 +112,8 @@ class A5SimPlatform(Platform):
     name = "a5sim"
 
     def __init__(self, arch: str = "a5", run_root: Path | None = None,
-                 timeout_s: float | None = 1800.0, verify: str | None = None):
+                 timeout_s: float | None = 1800.0, verify: str | None = None,
+                 cost_model: bool | None = None):
         if arch not in pypto_env.ARCHES:
             raise PlatformError(f"arch: {arch!r} is not one of {pypto_env.ARCHES}")
         if verify is None:
@@ -107,6 +123,10 @@ class A5SimPlatform(Platform):
                                 f"{VERIFY_LEVELS + (verify_mod.ESTIMATE_LEVEL,)}")
         self.verify_level = verify
         self.estimate_only = verify == verify_mod.ESTIMATE_LEVEL
+        self.cost_model = cost_model_from_env() if cost_model is None else bool(cost_model)
+        if self.estimate_only and not self.cost_model:
+            raise PlatformError(f"cost_model: False leaves nothing to run at verify="
+                                f"{verify_mod.ESTIMATE_LEVEL!r} (no interpreter, no estimate)")
         self.arch = arch
         self.timeout_s = timeout_s
         self._run_root = Path(run_root) if run_root else None
@@ -149,7 +169,8 @@ class A5SimPlatform(Platform):
             return worker.launch_program(job_dir, program, rank, tensors, arch=self.arch,
                                          run_mode="sim", timeout=self.timeout_s,
                                          drop_env=("ASCEND_HOME_PATH",),
-                                         verify=self.verify_level, worker=self._worker)
+                                         verify=self.verify_level, worker=self._worker,
+                                         cost_model=self.cost_model)
 
     def close(self) -> None:
         if self._finalizer is not None:

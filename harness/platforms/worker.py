@@ -284,9 +284,11 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 # ---- child side ------------------------------------------------------------------------
 
-def _install_hooks(pypto, timings: dict, *, verify_inputs: bool) -> None:
+def _install_hooks(pypto, timings: dict, *, verify_inputs: bool,
+                   state: dict | None = None) -> None:
     """Pass the real CPU tensors to the calculator and time compile vs cost model.
-    ``timings`` is the dict every later call accumulates into (cleared per job)."""
+    ``timings`` is the dict every later call accumulates into (cleared per job);
+    ``state["cost_model"]`` False (set per job) skips the cost model (:func:`_copy_back_only`)."""
     from pypto import pypto_impl  # noqa: PLC0415
     from pypto.frontend.parser import entry  # noqa: PLC0415
     from pypto.runtime import _pto_verify_datas  # noqa: PLC0415
@@ -316,7 +318,29 @@ def _install_hooks(pypto, timings: dict, *, verify_inputs: bool) -> None:
         return inner
 
     wrapper.compile = timed("compile_s", wrapper.compile)
-    wrapper._run_with_cpu = timed("run_s", wrapper._run_with_cpu)
+    run = wrapper._run_with_cpu
+    if verify_inputs and state is not None:
+        run = _copy_back_only(pypto, run, state)
+    wrapper._run_with_cpu = timed("run_s", run)
+
+
+def _copy_back_only(pypto, run_with_cpu, state: dict):
+    """``_run_with_cpu`` that, while ``state["cost_model"]`` is False, copies the
+    interpreter's results into the kernel's tensors without running the cost model.
+
+    pypto 0.2.0's ``CostModelRunOnceDataFromHost`` runs the model only while the runtime's
+    run mode is SIM and copies the interpreted tensors back afterwards either way; with the
+    run mode NPU for that one call only the copy-back happens (the same output bits, no
+    estimate: ``tests/platforms/test_a5sim_numerics_only.py``)."""
+    def run(self, in_tensors, out_tensors):
+        if state.get("cost_model", True):
+            return run_with_cpu(self, in_tensors, out_tensors)
+        pypto.set_options(runtime_options={"run_mode": pypto.RunMode.NPU})
+        try:
+            return run_with_cpu(self, in_tensors, out_tensors)
+        finally:
+            pypto.set_options(runtime_options={"run_mode": pypto.RunMode.SIM})
+    return run
 
 
 class _Session:
@@ -327,6 +351,7 @@ class _Session:
         self.sim = run_mode == "sim"
         self.pypto = None
         self.timings: dict[str, float] = {}
+        self.state: dict = {"cost_model": True}  # per job, read by the run hook
         self.kernels: dict[str, object] = {}
         self.jobs = 0
 
@@ -336,7 +361,7 @@ class _Session:
         t = time.perf_counter()
         pypto_env.configure(self.home, self.arch)
         pypto = pypto_env.import_pypto(self.arch)
-        _install_hooks(pypto, self.timings, verify_inputs=self.sim)
+        _install_hooks(pypto, self.timings, verify_inputs=self.sim, state=self.state)
         if self.sim:
             pypto_env.load_calculator()
         self.pypto = pypto
@@ -395,6 +420,8 @@ class _Session:
         level = job.get("verify") or verify.DEFAULT_LEVEL
         if sim:
             pypto.set_verify_options(**verify.verify_options(level, job_dir / "verify"))
+        self.state["cost_model"] = job.get("cost_model", True)
+        result["details"]["cost_model"] = self.state["cost_model"]
         spec = KernelSpec.from_json(job["spec"])
         config = decode_config(job["config"])
         inputs = load_file(str(job_dir / INPUTS))
@@ -493,6 +520,7 @@ if __name__ == "__main__":
 def launch_program(job_dir: Path, program, rank: int, tensors, *, arch: str, run_mode: str,
                    timeout: float | None, drop_env: tuple[str, ...] = (),
                    device: int | None = None, verify: str | None = None,
+                   cost_model: bool = True,
                    worker: Worker | None = None):
     """Write the job, run it on ``worker`` (or a one-launch worker), read its outputs; a
     ``LaunchResult`` in every case.  Bulk files (pypto output, verify dumps, tensors) are
@@ -513,6 +541,7 @@ def launch_program(job_dir: Path, program, rank: int, tensors, *, arch: str, run
         "rank": rank,
         "device": rank if device is None else device,
         "verify": verify,
+        "cost_model": cost_model,
     }
     write_job(job_dir, job, {a.name: tensors[a.name] for a in program.args})
     owned = worker is None
