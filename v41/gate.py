@@ -41,7 +41,7 @@ is a runtime value in ``[0, tokens]``.
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
 
-ROW_TILE = 16  # token rows per loop iteration
+ROW_TILE = 32  # token rows per loop iteration (one cube M tile)
 TOPK_NORM_EPS = 1e-20
 MASKED = -1.0e38  # below any biased score
 
@@ -116,11 +116,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = tokens
         else:
             active = num_tokens[0]
+        pypto.set_vec_tile_shapes(experts)  # 1-D: one tile (a 2-D shape tiles by 1 element)
+        iota = pypto.arange(0.0, float(experts), 1.0)
         pypto.set_vec_tile_shapes(1, experts)
         bias = pypto.reshape(correction_bias, [1, experts])
-        iota = pypto.reshape(pypto.arange(0.0, float(experts), 1.0), [1, experts])
-        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB (k0=256 overflows it)
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [128, 128])
+        iota = pypto.reshape(iota, [1, experts])
+        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB; K 128 a step, 1024 an L1
+        # load, N 64 a core (FLASH: 6 cores share the 384 experts' weight)
+        pypto.set_cube_tile_shapes([rows, rows], [128, 1024], [64, 64])
         for i in pypto.loop((active + rows - 1) // rows, name="GATE_ROWS", idx_name="r"):
             start = i * rows
             valid = (active - start).min(rows)
