@@ -40,8 +40,9 @@ is a runtime value in ``[0, tokens]``.
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.cube_tiles import row_tile
 
-ROW_TILE = 32  # token rows per loop iteration (one cube M tile)
+ROW_TILE = 32  # most token rows per loop iteration (one cube M tile)
 TOPK_NORM_EPS = 1e-20
 MASKED = -1.0e38  # below any biased score
 
@@ -79,7 +80,7 @@ def abi(config, case: dict):
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
-          runtime_options: dict | None = None):
+          runtime_options: dict | None = None, rows_per_tile: int | None = None):
     """The jit kernel ``gate(x_norm, gate_weight, correction_bias, num_tokens, indices,
     weights)``: rows below ``num_tokens`` routed, the rest index 0 / weight 0."""
     if variant not in VARIANTS:
@@ -92,7 +93,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_temp = m.gate_temperature != 1.0
     normalize = bool(m.norm_topk_prob and k > 1)
     scale = float(m.routed_scaling_factor)
-    rows = ROW_TILE
+    rows = row_tile(case_int(case, "tokens", default=ROW_TILE, minimum=1), ROW_TILE,
+                    rows_per_tile)
     k_tile = (k + 7) // 8 * 8
     use_bias = variant != "unbiased_select"
     biased_weights = variant == "biased_weights"

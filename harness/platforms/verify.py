@@ -47,8 +47,10 @@ PIPELINE = (
 # ``lowered`` verifies Pass_00..Pass_26 (through InferDynShape).  Not verified:
 # SubgraphToFunction (pypto skips it: no complete computation to interpret) and every pass
 # after it, which the 0.2.0 calculator interprets per leaf function and gets wrong for
-# kernels whose outputs the harness validates: v41.gate's index output reads back as all 0
-# from InferParamIndex on, v41.sparse_attention fails InferParamIndex too, and v41.hc_mixes
+# kernels whose outputs the harness validates: an index built from an arange traced in
+# one-element tiles (v41.gate's before it built its iota as one tile;
+# tests/platforms/_late_pass_kernel.py) reads back wrong from InferParamIndex on,
+# v41.sparse_attention fails InferParamIndex too, and v41.hc_mixes
 # cannot be executed after TuneTileOpSeqForVF / RemoveAlloc (FB200F).  There a FAILED
 # cannot tell a lowering bug from an interpreter gap.
 LOWERED_PASSES = PIPELINE[:PIPELINE.index("SubgraphToFunction")]
