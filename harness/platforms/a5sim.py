@@ -17,8 +17,8 @@ deterministic run to run.
 from __future__ import annotations
 
 import itertools
-import os
 import json
+import os
 import re
 import shutil
 import threading
