@@ -5,8 +5,8 @@ Contract: token ``t`` with ``window_slots[t] >= 0`` writes its ``head_dim`` E4M3
 ``head_dim / 32`` E8M0 scale codes at physical row ``slot = block * block_size + offset``;
 a negative slot writes nothing, and every other byte of both cache tensors is untouched.
 Slots past the cache and two valid tokens naming one slot are host errors (the caller
-validates before launch, ``harness.entries.window_publish.validate_launch``): the kernel
-writes rows in token order, so a duplicate would silently keep the last token's row.
+validates before launch, ``harness.entries.window_publish.validate_launch``): the rows are
+written by parallel tasks, so a duplicate would silently keep either token's row.
 
 Quantization, per group of 32 channels, is the golden's MXFP8 rule computed with FP32
 floor / min / max arithmetic (:func:`v41.mx_encode.quantize_tile`: E8M0 scale
@@ -14,14 +14,32 @@ floor / min / max arithmetic (:func:`v41.mx_encode.quantize_tile`: E8M0 scale
 round-to-nearest-even and saturation at 448, the sign of -0.0 kept); codes are carried as
 FP32 integers and cast to uint8 (exact for 0..255).
 
-Rows are quantized ``row_tile`` (default ROW_TILE) tokens at a time; each row is then
-written with one ``assemble`` per cache tensor at ``[slot // block_size, slot % block_size,
-0, 0]`` under a runtime ``if slot >= 0`` (a reshaped view of an inout cache is not written
-back, so the 4-D tensor is addressed directly; ``scatter_update`` takes no uint8).
+Schedule: the launch's tokens in tiles of ``rows``, one loop iteration per tile, and the
+whole iteration -- BF16 load, quantization, every row's write -- is ONE task (pass option
+``sg_set_scope``, as ``v41.subgraph.one_subgraph``, whose ``with`` the jit parser refuses).
+``rows`` is picked at run time from ROW_TILES (1, 2, 4, 8, 16): the smallest that keeps the
+launch to at most VECTOR_CORES (56) tasks, one wave; each tile size is its own branch of
+the compiled program.  Each row is written by its own ``assemble`` at ``[slot //
+block_size, slot % block_size, 0, 0]``, unrolled over the tile at trace time.  Instead of a
+runtime ``if slot >= 0`` (whose branch was a function of two copy tasks per row, each
+waiting ~9 k cycles on the quantization's tasks), the row's view carries a runtime valid
+row count ``live`` (1 for a valid slot of a real row, else 0) and an ``assemble`` of a
+zero-row view writes nothing (``tests/platforms/test_a5sim_zero_row_assemble.py``).  Rows
+past the launch's tokens read the last token's slot (in bounds) and are never live.  The
+uint8 casts are one ``[1, 1, 1, width]`` cast per row of a ``[rows, 1, 1, width]`` tile, so
+a row leaves the vector buffer by one copy-out into the 4-D cache (a per-row reshape of a
+2-D tile went to global memory and back, ~1,400 cycles of copy-in per row; views of a
+tensor already cast whole became a copy task per row).  A reshaped view of the inout cache
+is not written back, so the 4-D tensor is addressed directly; ``scatter_update`` takes no
+uint8 and, on the interpreter, stops at the first out-of-range (negative) index.
 
-Measured on a5sim: codes and scales equal the golden's bit for bit (the harness fixture's
-hard rows and random BF16 bit patterns of every exponent).  Cost model (A5): FLASH T=192
-~97 us, T=4096 ~1.7 ms (eight 512-token launches); about half is the per-row writes.
+Cost model (A5, FLASH), before -> after: T=192 97.2 -> 6.3 us (48 tasks of 4 rows; each
+~9.9 k cycles: 1.4 k BF16 copy-in, ~7 k of the encoder's vector operations, 1.4 k of casts
+and row copy-outs), T=4 33.0 -> 3.2 us, T=48 -> 3.6 us (one row per task), T=4096 1.73 ms
+-> 179 us (eight 512-token a5sim launches, 32 tasks of 16 rows each).  One fixed tile
+instead: 4 rows gave T=4 5.5 us; 1 row gave T=192 25.5 us (four waves).  Measured on
+a5sim: codes and scales equal the golden's bit for bit (the harness fixture's hard rows and
+random BF16 bit patterns of every exponent).
 
 ABI
 ---
@@ -45,9 +63,14 @@ narrows it after its range check; pypto reads scalars from INT32 tensors only).
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.mx_encode import E8M0_BIAS, e4m3_codes, pow2, scale_exponent
 from v41.mx_encode import quantize_tile  # noqa: F401  (re-exported for callers)
 
-ROW_TILE = 32  # tokens quantized per loop iteration
+ROW_TILES = (1, 2, 4, 8, 16)  # tokens per loop iteration (one task), picked at run time
+VECTOR_CORES = 56  # A5 vector cores: a launch of <= 56 x tile tokens is one wave of tasks
+# sg_set_scope id of a loop iteration (``with`` is not parsed in a jit body, so not
+# v41.subgraph.one_subgraph, whose ids start at 1000)
+SCOPE = 900
 
 VARIANTS = {
     "reference": "the contract",
@@ -90,8 +113,71 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+def quantize_rows(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
+    """FP32 ``(codes [rows, 1, 1, d], scale codes [rows, 1, 1, d / group])`` of a BF16 tile
+    whose first ``valid`` rows are real: :func:`v41.mx_encode.quantize_tile`'s operations in
+    its order, with the group layout reshaped to the cache's 4-D row layout before the uint8
+    casts, which the caller does per row (module-level: runs at trace time)."""
+    n = rows * d // group
+    gpr = d // group  # groups per row
+    pypto.set_vec_tile_shapes(min(rows, 8), d)
+    xf = pypto.cast(x, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
+    amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
+    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    e = scale_exponent(pypto, amax)
+    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
+    scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
+    pypto.set_vec_tile_shapes(min(n, 64), group)
+    codes = e4m3_codes(pypto, pypto.mul(xg, inv_scale), truncate)  # x / 2^e is exact
+    pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, d)
+    codes = pypto.reshape(codes, [rows, 1, 1, d], valid_shape=[valid, 1, 1, d])
+    pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(gpr, 32))  # >= one 32-byte uint8 block
+    scodes = pypto.reshape(scode, [rows, 1, 1, gpr], valid_shape=[valid, 1, 1, gpr])
+    return codes, scodes
+
+
+def publish_tile(pypto, kv, window_slots, window_kv, window_kv_scale, i, rows, tokens, lowest,
+                 group, truncate, scale_shift):
+    """Tile ``i`` of ``rows`` tokens: quantize, then write each live row; one task (the
+    operations share one ``sg_set_scope``).  Module-level: runs at trace time."""
+    d = kv.shape[1]
+    bs, g = window_kv.shape[1], window_kv_scale.shape[3]
+    pypto.set_pass_options(sg_set_scope=SCOPE)
+    start = i * rows
+    valid = (tokens - start).min(rows)
+    pypto.set_vec_tile_shapes(min(rows, 8), d)
+    x = pypto.view(kv, [rows, d], [start, 0], valid_shape=[valid, d])
+    codes, scodes = quantize_rows(pypto, x, rows, valid, d, group, truncate=truncate,
+                                  scale_shift=scale_shift)
+    for r in range(rows):  # trace-time unroll over the tile's rows
+        slot = window_slots[(start + r).min(tokens - 1)]  # past the tokens: never live
+        # 1 for a slot >= lowest of a real row, else 0: a zero-row view writes nothing
+        live = (slot - lowest + 1).max(0).min(1).min((valid - r).max(0))
+        row = slot.max(0)
+        at = [row // bs, row % bs, 0, 0]
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, d)
+        pypto.assemble(pypto.cast(pypto.view(codes, [1, 1, 1, d], [r, 0, 0, 0],
+                                             valid_shape=[live, 1, 1, d]), pypto.DT_UINT8),
+                       at, window_kv)
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(g, 32))
+        pypto.assemble(pypto.cast(pypto.view(scodes, [1, 1, 1, g], [r, 0, 0, 0],
+                                             valid_shape=[live, 1, 1, g]), pypto.DT_UINT8),
+                       at, window_kv_scale)
+    pypto.set_pass_options(sg_set_scope=-1)
+
+
+def publish_rows(pypto, kv, window_slots, window_kv, window_kv_scale, tokens, lowest, group,
+                 truncate, scale_shift, rows):
+    """The launch's tokens in tiles of ``rows``: one loop iteration (one task) per tile."""
+    for i in pypto.loop((tokens + rows - 1) // rows, name=f"WP_ROWS{rows}", idx_name="i"):
+        publish_tile(pypto, kv, window_slots, window_kv, window_kv_scale, i, rows, tokens,
+                     lowest, group, truncate, scale_shift)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
-          row_tile: int = ROW_TILE, runtime_options: dict | None = None):
+          row_tiles: tuple = ROW_TILES, runtime_options: dict | None = None):
     """The jit kernel ``window_publish(kv, window_slots, window_kv, window_kv_scale)`` for
     ``config`` and ``case`` (blocks fixed, tokens dynamic)."""
     if variant not in VARIANTS:
@@ -101,9 +187,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     dm = dims(config, case or {"tokens": 1})
     d, g, blocks, bs = dm["head_dim"], dm["groups"], dm["blocks"], dm["block_size"]
     group = config.cache.window_group
-    if isinstance(row_tile, bool) or not isinstance(row_tile, int) or row_tile < 1:
-        raise ValueError(f"row_tile: must be an int >= 1, got {row_tile!r}")
-    rows = row_tile
+    tiles = tuple(row_tiles)
+    if len(tiles) != 5 or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+                              for t in tiles):
+        raise ValueError(f"row_tiles: must be five ints >= 1, got {row_tiles!r}")
+    ta, tb, tc, td, te = tiles
     lowest = 0 if variant != "negative_to_row0" else -(2 ** 30)  # smallest slot written
     truncate = variant == "truncate"
     scale_shift = 1.0 if variant == "scale_off_by_one" else 0.0
@@ -118,21 +206,18 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         window_kv_scale: pypto.Tensor([blocks, bs, 1, g], pypto.DT_UINT8),
     ):
         tokens = kv.shape[0]
-        for i in pypto.loop((tokens + rows - 1) // rows, name="WP_TILES", idx_name="i"):
-            start = i * rows
-            valid = (tokens - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), d)
-            x = pypto.view(kv, [rows, d], [start, 0], valid_shape=[valid, d])
-            codes, scodes = quantize_tile(pypto, x, rows, valid, d, group, truncate=truncate,
-                                          scale_shift=scale_shift)
-            pypto.set_vec_tile_shapes(8, d)
-            for r in pypto.loop(valid, name="WP_ROWS", idx_name="r"):
-                slot = window_slots[start + r]
-                if slot >= lowest:
-                    row = slot.max(0)
-                    pypto.assemble(pypto.reshape(pypto.view(codes, [1, d], [r, 0]), [1, 1, 1, d]),
-                                   [row // bs, row % bs, 0, 0], window_kv)
-                    pypto.assemble(pypto.reshape(pypto.view(scodes, [1, g], [r, 0]), [1, 1, 1, g]),
-                                   [row // bs, row % bs, 0, 0], window_kv_scale)
+        args = (pypto, kv, window_slots, window_kv, window_kv_scale, tokens, lowest, group,
+                truncate, scale_shift)
+        # the smallest row tile that keeps the launch to one wave (a task per vector core)
+        if tokens <= VECTOR_CORES * ta:
+            publish_rows(*args, ta)
+        elif tokens <= VECTOR_CORES * tb:
+            publish_rows(*args, tb)
+        elif tokens <= VECTOR_CORES * tc:
+            publish_rows(*args, tc)
+        elif tokens <= VECTOR_CORES * td:
+            publish_rows(*args, td)
+        else:
+            publish_rows(*args, te)
 
     return window_publish
