@@ -4,8 +4,8 @@
 ``o``; ``comb`` is ``M[in, out]`` (the reduction runs over its FIRST lane axis).  Contract:
 FP32 accumulation, the post term first, then input lanes ``i`` ascending; then one BF16
 rounding (RNE); the result is stored FP32 (BF16 values in FP32, the residual-stream
-format).  The kernel follows that order exactly with one FP32 multiply-add per term over
-``[rows, D]`` tiles.
+format).  The kernel follows that order exactly with one FP32 multiply and one add per term,
+all output lanes at once over ``[rows, hc, D]`` blocks.
 
 ABI
 ---
@@ -26,8 +26,17 @@ out     (tokens, hc, hidden)    float32   out
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
 
-ROW_TILE = 8  # rows per loop iteration
-VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB)
+# Schedule (A5 cost model, FLASH hidden 5120): every output lane at once on [rows, hc, D]
+# blocks - acc = post * y, then acc += comb[:, k, :] * x_k for k ascending - over vector
+# tiles of [TILE_ROWS, hc, D / COL_SPLIT] (40 KiB FP32 at FLASH).  Each copy-in costs ~1,400
+# cycles of latency on this model whatever its size; the old lane-by-lane [1, 5120] tiles
+# copied x_hc and comb once per (out, in) lane pair, ~37 copy-ins a row.  Now one x_hc, comb,
+# post and y copy-in per tile; larger tiles made the accumulator spill to DDR between adds.
+# FLASH T=192 182.9 -> 53.6 us, T=7 28.3 -> 12.4 us.  Merging 2 tiles per task
+# (vec_nbuffer_setting) gave T=192 45.9 us but T=7 20.4 us.
+ROW_TILE = 2  # rows per loop iteration
+TILE_ROWS = 1  # rows per vector tile
+COL_SPLIT = 2  # hidden split into this many column tiles
 
 VARIANTS = {
     "reference": "the contract",
@@ -64,7 +73,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
 
     hc, hidden = config.hc.hc_mult, config.hidden_size
     rows = ROW_TILE
-    tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
+    tile = [min(TILE_ROWS, rows), hc, max(1, -(-hidden // COL_SPLIT))]
     transposed = variant == "comb_transposed"
     rounded = variant != "no_round"
     with_post = variant != "no_post"
@@ -80,33 +89,35 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         out: pypto.Tensor([tokens_dim, hc, hidden], pypto.DT_FP32),
     ):
         tokens = y.shape[0]
-        x2 = pypto.reshape(x_hc, [tokens, hc * hidden], inplace=True)
-        c2 = pypto.reshape(comb, [tokens, hc * hc], inplace=True)
-        pypto.set_vec_tile_shapes(tile_rows, hidden)
+        y3 = pypto.reshape(y, [tokens, 1, hidden], inplace=True)
+        p3 = pypto.reshape(post, [tokens, hc, 1], inplace=True)
+        pypto.set_vec_tile_shapes(*tile)
         for i in pypto.loop((tokens + rows - 1) // rows, name="HC_POST_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
-            y32 = pypto.cast(pypto.view(y, [rows, hidden], [start, 0],
-                                        valid_shape=[valid, hidden]), pypto.DT_FP32)
-            p = pypto.view(post, [rows, hc], [start, 0], valid_shape=[valid, hc])
-            m = pypto.view(c2, [rows, hc * hc], [start, 0], valid_shape=[valid, hc * hc])
-            for o in range(hc):  # output lanes, unrolled at trace time
-                if with_post:
-                    acc = pypto.mul(pypto.view(p, [rows, 1], [0, o], valid_shape=[valid, 1]), y32)
-                for k in range(hc):  # input lanes ascending
-                    col = k * hc + o
-                    if transposed:
-                        col = o * hc + k
-                    term = pypto.mul(pypto.view(m, [rows, 1], [0, col], valid_shape=[valid, 1]),
-                                     pypto.view(x2, [rows, hidden], [start, k * hidden],
-                                                valid_shape=[valid, hidden]))
-                    if with_post or k > 0:
-                        acc = pypto.add(acc, term)
-                    else:
-                        acc = term
-                if rounded:
-                    acc = pypto.cast(pypto.cast(acc, pypto.DT_BF16), pypto.DT_FP32)
-                pypto.assemble(pypto.reshape(acc, [rows, 1, hidden], valid_shape=[valid, 1, hidden]),
-                               [start, o, 0], out)
+            full, vfull = [rows, hc, hidden], [valid, hc, hidden]
+            y32 = pypto.cast(pypto.view(y3, [rows, 1, hidden], [start, 0, 0],
+                                        valid_shape=[valid, 1, hidden]), pypto.DT_FP32)
+            # x_hc and comb enter through one exact op each (x * 1.0) so that each is one
+            # copy-in per tile; the per-lane slices below are then views in UB.
+            xb = pypto.mul(pypto.view(x_hc, full, [start, 0, 0], valid_shape=vfull), 1.0)
+            cb = pypto.mul(pypto.view(comb, [rows, hc, hc], [start, 0, 0],
+                                      valid_shape=[valid, hc, hc]), 1.0)
+            if with_post:
+                pm = pypto.view(p3, [rows, hc, 1], [start, 0, 0], valid_shape=[valid, hc, 1])
+                acc = pypto.mul(pm, pypto.expand_clone(y32, full, valid_shape=vfull))
+            for k in range(hc):  # input lanes ascending; all output lanes at once
+                if transposed:  # M[out, in]: column k of comb
+                    c_k = pypto.view(cb, [rows, hc, 1], [0, 0, k], valid_shape=[valid, hc, 1])
+                else:  # M[in, out]: row k of comb, as [rows, hc (out), 1]
+                    c_k = pypto.reshape(pypto.view(cb, [rows, 1, hc], [0, k, 0],
+                                                   valid_shape=[valid, 1, hc]),
+                                        [rows, hc, 1], valid_shape=[valid, hc, 1])
+                x_k = pypto.view(xb, [rows, 1, hidden], [0, k, 0], valid_shape=[valid, 1, hidden])
+                term = pypto.mul(c_k, pypto.expand_clone(x_k, full, valid_shape=vfull))
+                acc = pypto.add(acc, term) if (with_post or k > 0) else term
+            if rounded:
+                acc = pypto.cast(pypto.cast(acc, pypto.DT_BF16), pypto.DT_FP32)
+            pypto.assemble(acc, [start, 0, 0], out)
 
     return hc_post
