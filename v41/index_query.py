@@ -63,6 +63,11 @@ from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import project_heads
 
+# Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
+# tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
+# FLASH T=192 235 -> 195 us; TINY 51.0 -> 49.7 us (4: 193 us and 53.2 us).
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
+
 ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
 
@@ -137,7 +142,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     tokens_dim = pypto.frontend.dynamic("tokens")
     bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
 
-    @pypto.frontend.jit(runtime_options=options)
+    @pypto.frontend.jit(runtime_options=options, pass_options=PASS_OPTIONS)
     def index_query(
         qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
         rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
