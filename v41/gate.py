@@ -42,7 +42,16 @@ is a runtime value in ``[0, tokens]``.
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import row_tile
 
-ROW_TILE = 32  # most token rows per loop iteration (one cube M tile)
+# Schedule (FLASH T=192, 384 experts x 5,120 FP32 weight): every cube task reads its
+# [rows, 5120] FP32 x tile and its [N, 5120] weight slice, so the row tile sets how often
+# the weight is re-read and the expert tile how often x is; 64 rows with N 48 (3 x 8 = 24 cube
+# tasks on the 28 cube cores) was the best (rows 32 / N 64: 72.4 us, 64 / 64: 45.8,
+# 64 / 48: 44.1; 96 / 32: 65.3).  The routing after the product runs on 16-row vector tiles:
+# each is one task from the logits to the index / weight writes (32-row tiles spilled and were
+# cut into a 5.7 k + 16.4 k-cycle pair of dependent tasks).
+ROW_TILE = 64  # most token rows per loop iteration (one cube M tile)
+ROUTE_ROWS = 16  # rows of a routing vector tile (one task each)
+CUBE_CORES = 28  # A5
 TOPK_NORM_EPS = 1e-20
 MASKED = -1.0e38  # below any biased score
 
@@ -65,6 +74,16 @@ ABI = (
     Arg("indices", ("tokens", "k"), "int32", "out"),
     Arg("weights", ("tokens", "k"), "float32", "out"),
 )
+
+
+def expert_tile(row_tiles: int, experts: int) -> int:
+    """Cube N tile for ``row_tiles`` row tiles: the smallest of 32 / 48 / 64 whose cube tasks
+    (row tiles x experts / N) still fit the cube cores (FLASH T=7, one row tile: N 32 31.9 us,
+    N 64 35.4; T=192, three: N 48 44.1, N 64 45.8)."""
+    for n in (32, 48):
+        if row_tiles * -(-experts // n) <= CUBE_CORES:
+            return n
+    return 64
 
 
 def dims(config, case: dict) -> dict[str, int]:
@@ -93,8 +112,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     use_temp = m.gate_temperature != 1.0
     normalize = bool(m.norm_topk_prob and k > 1)
     scale = float(m.routed_scaling_factor)
-    rows = row_tile(case_int(case, "tokens", default=ROW_TILE, minimum=1), ROW_TILE,
-                    rows_per_tile)
+    tokens_hint = case_int(case, "tokens", default=ROW_TILE, minimum=1)
+    rows = row_tile(tokens_hint, ROW_TILE, rows_per_tile)
+    n_tile = expert_tile(-(-tokens_hint // rows), experts)
+    route_rows = min(rows, ROUTE_ROWS)
     k_tile = (k + 7) // 8 * 8
     use_bias = variant != "unbiased_select"
     biased_weights = variant == "biased_weights"
@@ -124,8 +145,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         bias = pypto.reshape(correction_bias, [1, experts])
         iota = pypto.reshape(iota, [1, experts])
         # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB; K 128 a step, 1024 an L1
-        # load, N 64 a core (FLASH: 6 cores share the 384 experts' weight)
-        pypto.set_cube_tile_shapes([rows, rows], [128, 1024], [64, 64])
+        # load (L1: (64 + 64) x 1024 x 4 bytes = 512 KiB at most), N from expert_tile
+        pypto.set_cube_tile_shapes([rows, rows], [128, 1024], [n_tile, n_tile])
         for i in pypto.loop((active + rows - 1) // rows, name="GATE_ROWS", idx_name="r"):
             start = i * rows
             valid = (active - start).min(rows)
@@ -133,7 +154,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             x32 = pypto.cast(pypto.view(x_norm, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), pypto.DT_FP32)
             logits = pypto.matmul(x32, gate_weight, pypto.DT_FP32, b_trans=True)  # [rows, E]
-            pypto.set_vec_tile_shapes(rows, experts)
+            pypto.set_vec_tile_shapes(route_rows, experts)
             if use_temp:
                 logits = pypto.mul(logits, inv_temp)
             soft = pypto.add(pypto.maximum(logits, 0.0),
@@ -169,18 +190,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 for j in range(1, k):
                     total = pypto.add(total, ws[j])
                 denom = pypto.add(total, TOPK_NORM_EPS)
-            cols = []  # (no comprehensions: the jit parser evaluates them without pypto)
+            # each column straight to its output column (a concat of the k columns went
+            # through GM and a join task: FLASH T=192 48.6 -> 45.8 us without it)
             for j in range(k):
                 wj = ws[j]
                 if normalize:
                     wj = pypto.div(wj, denom)
-                cols.append(pypto.mul(wj, scale))
-            pypto.set_vec_tile_shapes(rows, k_tile)  # last tile dim: 32-byte multiple
-            # concat drops the tail's valid shape: restore it before the writes
-            idx = pypto.view(pypto.concat(ids, -1), [rows, k], [0, 0], valid_shape=[valid, k])
-            w = pypto.view(pypto.concat(cols, -1), [rows, k], [0, 0], valid_shape=[valid, k])
-            pypto.assemble(pypto.cast(idx, pypto.DT_INT32), [start, 0], indices)
-            pypto.assemble(w, [start, 0], weights)
+                pypto.assemble(pypto.cast(ids[j], pypto.DT_INT32), [start, j], indices)
+                pypto.assemble(pypto.mul(wj, scale), [start, j], weights)
         if zero_padding:  # rows active .. tokens - 1: index 0, weight 0
             pypto.set_vec_tile_shapes(rows, k_tile)
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="GATE_PADDING",

@@ -32,9 +32,15 @@ x_hc          (tokens, hc, hidden)    float32   out
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.subgraph import one_subgraph
 
-ROW_TILE = 8  # token rows per loop iteration
-VEC_TILE_FP32_ELEMS = 8192  # FP32 elements per vector tile (32 KiB)
+# Each loop iteration is one task (see _embed_rows); a task's time grows with its rows (the
+# four FP32 lane writes), and the launch's tasks queue on dispatch past ~48 of them.  FLASH
+# (hidden 5,120): T=21 1 row 4.0 us, 2 rows 4.6, 4 rows 5.6; T=96 1 row 9.6, 2 rows 4.6, 4
+# rows 5.8; T=192 2 rows 11.9, 4 rows 5.8, 8 rows 16.2.
+MOST_TASKS = 48
+ROW_TILES = (1, 2, 4)
+VEC_TILE_FP32_ELEMS = 20480  # FP32 elements per vector tile (80 KiB: [4, 5120] compiles)
 
 VARIANTS = {
     "reference": "the contract",
@@ -54,6 +60,15 @@ ABI = (
 )
 
 
+def row_tile(tokens: int) -> int:
+    """Rows per loop iteration for a launch of ``tokens`` rows (a trace-time constant): the
+    smallest of ``ROW_TILES`` that keeps the tasks at or below ``MOST_TASKS``."""
+    for rows in ROW_TILES:
+        if -(-tokens // rows) <= MOST_TASKS:
+            return rows
+    return ROW_TILES[-1]
+
+
 def dims(config, case: dict) -> dict[str, int]:
     return {"tokens": case_int(case, "tokens", minimum=1), "vocab": config.vocab_size,
             "hc": config.hc.hc_mult, "hidden": config.hidden_size}
@@ -61,6 +76,34 @@ def dims(config, case: dict) -> dict[str, int]:
 
 def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
+
+
+def _embed_rows(pypto, start, active, rows, tile_rows, hc, hidden, vocab, token_ids, embed,
+                x_hc, shift, mask_pad, lane0):
+    """Rows ``start .. start + rows - 1`` (clipped at ``active``) of ``x_hc``, one subgraph."""
+    with one_subgraph(pypto):
+        valid = (active - start).min(rows)
+        pypto.set_vec_tile_shapes(rows)
+        ids = pypto.view(token_ids, [rows], [start], valid_shape=[valid])
+        safe = pypto.maximum(ids, 0)
+        if shift:
+            safe = pypto.minimum(pypto.add(safe, 1), vocab - 1)
+        keep = pypto.reshape(pypto.ge(pypto.cast(ids, pypto.DT_FP32), 0.0), [rows, 1],
+                             valid_shape=[valid, 1])
+        pypto.set_vec_tile_shapes(tile_rows, hidden)
+        x = pypto.cast(pypto.index_select(embed, 0, safe), pypto.DT_FP32)  # [rows, D]
+        if mask_pad:
+            x = pypto.where(pypto.expand_clone(keep, [rows, hidden],
+                                               valid_shape=[valid, hidden]), x, 0.0)
+        pypto.set_vec_tile_shapes(tile_rows, 1, hidden)
+        x3 = pypto.reshape(x, [rows, 1, hidden], valid_shape=[valid, 1, hidden])
+        for h in range(hc):  # lanes, unrolled at trace time
+            if lane0 and h > 0:
+                lane = pypto.full([rows, 1, hidden], 0.0, pypto.DT_FP32,
+                                  valid_shape=[valid, 1, hidden])
+            else:
+                lane = x3
+            pypto.assemble(lane, [start, h, 0], x_hc)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -72,7 +115,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
 
     vocab, hc, hidden = config.vocab_size, config.hc.hc_mult, config.hidden_size
-    rows = ROW_TILE
+    rows = row_tile(case_int(case, "tokens", default=1, minimum=1))
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     shift = variant == "index_off_by_one"
     mask_pad = variant != "no_pad_mask"
@@ -95,29 +138,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         else:
             active = num_tokens[0]
         for i in pypto.loop((active + rows - 1) // rows, name="INPUT_PACK_ROWS", idx_name="r"):
-            start = i * rows
-            valid = (active - start).min(rows)
-            pypto.set_vec_tile_shapes(rows)
-            ids = pypto.view(token_ids, [rows], [start], valid_shape=[valid])
-            safe = pypto.maximum(ids, 0)
-            if shift:
-                safe = pypto.minimum(pypto.add(safe, 1), vocab - 1)
-            keep = pypto.reshape(pypto.ge(pypto.cast(ids, pypto.DT_FP32), 0.0), [rows, 1],
-                                 valid_shape=[valid, 1])
-            pypto.set_vec_tile_shapes(tile_rows, hidden)
-            x = pypto.cast(pypto.index_select(embed, 0, safe), pypto.DT_FP32)  # [rows, D]
-            if mask_pad:
-                x = pypto.where(pypto.expand_clone(keep, [rows, hidden],
-                                                   valid_shape=[valid, hidden]), x, 0.0)
-            pypto.set_vec_tile_shapes(tile_rows, 1, hidden)
-            x3 = pypto.reshape(x, [rows, 1, hidden], valid_shape=[valid, 1, hidden])
-            for h in range(hc):  # lanes, unrolled at trace time
-                if lane0 and h > 0:
-                    lane = pypto.full([rows, 1, hidden], 0.0, pypto.DT_FP32,
-                                      valid_shape=[valid, 1, hidden])
-                else:
-                    lane = x3
-                pypto.assemble(lane, [start, h, 0], x_hc)
+            _embed_rows(pypto, i * rows, active, rows, tile_rows, hc, hidden, vocab, token_ids,
+                        embed, x_hc, shift, mask_pad, lane0)
         if zero_padding:  # rows active .. tokens - 1: exact zeros on every lane
             pypto.set_vec_tile_shapes(tile_rows, 1, hidden)
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="INPUT_PACK_PADDING",
