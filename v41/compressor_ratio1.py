@@ -44,8 +44,17 @@ from INT32 tensors only); ``compressed_kv_scale`` carries the E4M3 bytes as uint
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.compressor_common import encode_tile, rms_norm_rows
+from v41.cube_tiles import row_tile
 
-ROW_TILE = 8  # tokens per loop iteration
+ROW_TILE = 8  # tokens per loop iteration (one cube M tile of 16)
+# A launch of more than BIG_ROWS_FROM tokens with a wkv of at least BIG_WEIGHT_BYTES takes
+# row tiles of its tokens rounded up to 16, at most ROWS_MAX, as one cube M tile: the row
+# tile trades wkv's re-reads (once per row tile and N tile) against the static tile's vector
+# work.  FLASH (wkv 5 MiB) T=192 392 -> 197 us, T=40 113 -> 97 us; but T=16 70 -> 83 us,
+# T=4 69 -> 79 us with 16 rows, and TINY (wkv 32 KiB) T=40 38 -> 57 us.
+ROWS_MAX = 64
+BIG_ROWS_FROM = 32
+BIG_WEIGHT_BYTES = 1 << 20
 
 VARIANTS = {
     "reference": "the contract",
@@ -111,7 +120,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     cap, blocks, bs = dm["capacity"], dm["blocks"], dm["block_size"]
     kvb, kvg, ikb, ikg = dm["kv_bytes"], dm["kv_groups"], dm["ik_bytes"], dm["ik_groups"]
     eps = float(config.rms_norm_eps)
-    rows = ROW_TILE
+    tokens_hint = dm["tokens"]
+    big = tokens_hint > BIG_ROWS_FROM and hidden * d * 2 >= BIG_WEIGHT_BYTES
+    rows = row_tile(tokens_hint, ROWS_MAX) if big else ROW_TILE
+    m_tile = max(rows, 16)
     switches = frozenset({variant})
     lowest_pos = -(2 ** 30) if variant == "negative_positions_publish" else 0
     options = jit_options(runtime_options)
@@ -139,7 +151,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         norm32 = pypto.reshape(norm, [1, d])
         pypto.set_vec_tile_shapes(1, di)
         index_norm32 = pypto.reshape(index_norm, [1, di])
-        pypto.set_cube_tile_shapes([16, 16], [64, 256], [64, 256])
+        pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [64, 256])
         for i in pypto.loop((active + rows - 1) // rows, name="C1_TILES", idx_name="i"):
             start = i * rows
             valid = (active - start).min(rows)

@@ -35,8 +35,8 @@ from v41.abi import Arg, case_int, jit_options, resolve
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
-# FLASH TP4 T=192 389 -> 311 us, T=3 39.5 -> 36.1 us; TINY 28.9 -> 32.8 us (merging 4 was
-# worse at T=192: 470 us).
+# FLASH TP4 T=192 389 -> 311 us, T=512 1,038 -> 829 us, T=3 39.5 -> 36.1 us; TINY 28.9 ->
+# 32.8 us (merging 4 was worse at T=192: 470 us).
 PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
 
 PIN = 3.0e38  # the newest block's score: above every finite score

@@ -65,7 +65,8 @@ from v41.rope_heads import project_heads
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
-# FLASH T=192 235 -> 195 us; TINY 51.0 -> 49.7 us (4: 193 us and 53.2 us).
+# FLASH T=192 (190 active) 255 -> 195 us, T=512 846 -> 641 us; TINY 51.0 -> 49.7 us (merging
+# 4: 193 us at T=192 and 53.2 us at TINY).
 PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
 
 ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
