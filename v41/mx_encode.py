@@ -106,9 +106,10 @@ def activation_group_codes(pypto, xg, n, group):
     return e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
 
 
-def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
-    """``(codes uint8 [rows, d], scale codes uint8 [rows, d / group])`` of a BF16 tile whose
-    first ``valid`` rows are real (module-level: runs at trace time)."""
+def group_codes(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
+    """FP32 ``(codes [rows * d / group, group], scale codes [rows * d / group, 1])`` of a BF16
+    tile ``[rows, d]`` whose first ``valid`` rows are real: E4M3 codes 0..255 of ``x / 2^e``
+    and E8M0 codes ``e + 127`` per group (module-level: runs at trace time)."""
     n = rows * d // group
     gpr = d // group  # groups per row
     pypto.set_vec_tile_shapes(min(rows, 8), d)
@@ -122,7 +123,16 @@ def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shif
     scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
     pypto.set_vec_tile_shapes(min(n, 64), group)
     v = pypto.mul(xg, inv_scale)  # exact: x / 2^e
-    codes = e4m3_codes(pypto, v, truncate)
+    return e4m3_codes(pypto, v, truncate), scode
+
+
+def quantize_tile(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
+    """``(codes uint8 [rows, d], scale codes uint8 [rows, d / group])`` of a BF16 tile whose
+    first ``valid`` rows are real (:func:`group_codes`, cast; module-level: runs at trace
+    time)."""
+    gpr = d // group  # groups per row
+    codes, scode = group_codes(pypto, x, rows, valid, d, group, truncate=truncate,
+                               scale_shift=scale_shift)
     pypto.set_vec_tile_shapes(min(rows, 8), d)
     codes = pypto.cast(pypto.reshape(codes, [rows, d], valid_shape=[valid, d]), pypto.DT_UINT8)
     pypto.set_vec_tile_shapes(min(rows, 8), gpr)

@@ -63,8 +63,7 @@ narrows it after its range check; pypto reads scalars from INT32 tensors only).
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.mx_encode import E8M0_BIAS, e4m3_codes, pow2, scale_exponent
-from v41.mx_encode import quantize_tile  # noqa: F401  (re-exported for callers)
+from v41.mx_encode import group_codes, quantize_tile  # noqa: F401  (quantize_tile re-exported)
 
 ROW_TILES = (1, 2, 4, 8, 16)  # tokens per loop iteration (one task), picked at run time
 VECTOR_CORES = 56  # A5 vector cores: a launch of <= 56 x tile tokens is one wave of tasks
@@ -115,22 +114,12 @@ def abi(config, case: dict):
 
 def quantize_rows(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=0.0):
     """FP32 ``(codes [rows, 1, 1, d], scale codes [rows, 1, 1, d / group])`` of a BF16 tile
-    whose first ``valid`` rows are real: :func:`v41.mx_encode.quantize_tile`'s operations in
-    its order, with the group layout reshaped to the cache's 4-D row layout before the uint8
-    casts, which the caller does per row (module-level: runs at trace time)."""
-    n = rows * d // group
+    whose first ``valid`` rows are real: :func:`v41.mx_encode.group_codes` reshaped to the
+    cache's 4-D row layout before the uint8 casts, which the caller does per row
+    (module-level: runs at trace time)."""
     gpr = d // group  # groups per row
-    pypto.set_vec_tile_shapes(min(rows, 8), d)
-    xf = pypto.cast(x, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(min(n, 64), group)
-    xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
-    amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
-    pypto.set_vec_tile_shapes(min(n, 64), 8)
-    e = scale_exponent(pypto, amax)
-    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
-    scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
-    pypto.set_vec_tile_shapes(min(n, 64), group)
-    codes = e4m3_codes(pypto, pypto.mul(xg, inv_scale), truncate)  # x / 2^e is exact
+    codes, scode = group_codes(pypto, x, rows, valid, d, group, truncate=truncate,
+                               scale_shift=scale_shift)
     pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, d)
     codes = pypto.reshape(codes, [rows, 1, 1, d], valid_shape=[valid, 1, 1, d])
     pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(gpr, 32))  # >= one 32-byte uint8 block
