@@ -15,8 +15,9 @@ round-to-nearest-even and saturation at 448, the sign of -0.0 kept); codes are c
 FP32 integers and cast to uint8 (exact for 0..255).
 
 Schedule: the launch's tokens in tiles of ``rows``, one loop iteration per tile, and the
-whole iteration -- BF16 load, quantization, every row's write -- is ONE task (pass option
-``sg_set_scope``, as ``v41.subgraph.one_subgraph``, whose ``with`` the jit parser refuses).
+whole iteration -- BF16 load, quantization, every row's write -- is ONE task
+(:func:`v41.subgraph.one_subgraph`, entered in a module-level function: the jit parser
+refuses a ``with`` in the kernel body).
 ``rows`` is picked at run time from ROW_TILES (1, 2, 4, 8, 16): the smallest that keeps the
 launch to at most VECTOR_CORES (56) tasks, one wave; each tile size is its own branch of
 the compiled program.  Each row is written by its own ``assemble`` at ``[slot //
@@ -64,12 +65,10 @@ narrows it after its range check; pypto reads scalars from INT32 tensors only).
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.mx_encode import group_codes, quantize_tile  # noqa: F401  (quantize_tile re-exported)
+from v41.subgraph import one_subgraph
 
 ROW_TILES = (1, 2, 4, 8, 16)  # tokens per loop iteration (one task), picked at run time
 VECTOR_CORES = 56  # A5 vector cores: a launch of <= 56 x tile tokens is one wave of tasks
-# sg_set_scope id of a loop iteration (``with`` is not parsed in a jit body, so not
-# v41.subgraph.one_subgraph, whose ids start at 1000)
-SCOPE = 900
 
 VARIANTS = {
     "reference": "the contract",
@@ -129,32 +128,31 @@ def quantize_rows(pypto, x, rows, valid, d, group, *, truncate=False, scale_shif
 
 def publish_tile(pypto, kv, window_slots, window_kv, window_kv_scale, i, rows, tokens, lowest,
                  group, truncate, scale_shift):
-    """Tile ``i`` of ``rows`` tokens: quantize, then write each live row; one task (the
-    operations share one ``sg_set_scope``).  Module-level: runs at trace time."""
+    """Tile ``i`` of ``rows`` tokens: quantize, then write each live row; one task
+    (:func:`v41.subgraph.one_subgraph`).  Module-level: runs at trace time."""
     d = kv.shape[1]
     bs, g = window_kv.shape[1], window_kv_scale.shape[3]
-    pypto.set_pass_options(sg_set_scope=SCOPE)
-    start = i * rows
-    valid = (tokens - start).min(rows)
-    pypto.set_vec_tile_shapes(min(rows, 8), d)
-    x = pypto.view(kv, [rows, d], [start, 0], valid_shape=[valid, d])
-    codes, scodes = quantize_rows(pypto, x, rows, valid, d, group, truncate=truncate,
-                                  scale_shift=scale_shift)
-    for r in range(rows):  # trace-time unroll over the tile's rows
-        slot = window_slots[(start + r).min(tokens - 1)]  # past the tokens: never live
-        # 1 for a slot >= lowest of a real row, else 0: a zero-row view writes nothing
-        live = (slot - lowest + 1).max(0).min(1).min((valid - r).max(0))
-        row = slot.max(0)
-        at = [row // bs, row % bs, 0, 0]
-        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, d)
-        pypto.assemble(pypto.cast(pypto.view(codes, [1, 1, 1, d], [r, 0, 0, 0],
-                                             valid_shape=[live, 1, 1, d]), pypto.DT_UINT8),
-                       at, window_kv)
-        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(g, 32))
-        pypto.assemble(pypto.cast(pypto.view(scodes, [1, 1, 1, g], [r, 0, 0, 0],
-                                             valid_shape=[live, 1, 1, g]), pypto.DT_UINT8),
-                       at, window_kv_scale)
-    pypto.set_pass_options(sg_set_scope=-1)
+    with one_subgraph(pypto):
+        start = i * rows
+        valid = (tokens - start).min(rows)
+        pypto.set_vec_tile_shapes(min(rows, 8), d)
+        x = pypto.view(kv, [rows, d], [start, 0], valid_shape=[valid, d])
+        codes, scodes = quantize_rows(pypto, x, rows, valid, d, group, truncate=truncate,
+                                      scale_shift=scale_shift)
+        for r in range(rows):  # trace-time unroll over the tile's rows
+            slot = window_slots[(start + r).min(tokens - 1)]  # past the tokens: never live
+            # 1 for a slot >= lowest of a real row, else 0: a zero-row view writes nothing
+            live = (slot - lowest + 1).max(0).min(1).min((valid - r).max(0))
+            row = slot.max(0)
+            at = [row // bs, row % bs, 0, 0]
+            pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, d)
+            pypto.assemble(pypto.cast(pypto.view(codes, [1, 1, 1, d], [r, 0, 0, 0],
+                                                 valid_shape=[live, 1, 1, d]), pypto.DT_UINT8),
+                           at, window_kv)
+            pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(g, 32))
+            pypto.assemble(pypto.cast(pypto.view(scodes, [1, 1, 1, g], [r, 0, 0, 0],
+                                                 valid_shape=[live, 1, 1, g]), pypto.DT_UINT8),
+                           at, window_kv_scale)
 
 
 def publish_rows(pypto, kv, window_slots, window_kv, window_kv_scale, tokens, lowest, group,
