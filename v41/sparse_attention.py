@@ -17,11 +17,16 @@ Kernel algorithm (per token, all local heads at once):
 
 * the keys come in parts: the window keys (one part of ``keys``) and the compressed keys
   (parts of ``KEY_TILE`` = 512, or fewer when the token has fewer).  Each part's rows are
-  gathered by physical row id and decoded to BF16 by :mod:`v41.kv_decode` in one subgraph
-  (whole rows read one scale group a tile row; window: E4M3 x E8M0 per 32, compressed:
-  packed E2M1 pairs, low nibble first, x E4M3 per 16; exact).  A -1 id reads row 0 (a -1
-  index aborts the interpreter's gather) and is masked below.  The FP8/FP4 dtypes are not
-  used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
+  gathered by physical row id and decoded to BF16 (window: E4M3 x E8M0 per 32, compressed:
+  packed E2M1 pairs, low nibble first, x E4M3 per 16; exact), the steps of
+  :mod:`v41.kv_decode` in another layout: one unforced task per part gathers the scale
+  bytes (one scale group a slot) and computes the scale values in 1-D tiles; the decode,
+  one subgraph, reads whole cache rows in ``[32, d]`` tiles of whole keys, looks each code
+  up in the value table (index ``code + 128``, INT16) and multiplies it by its group's
+  scale, gathered from the part's scale values in global memory at a constant
+  ``[keys, d]`` index (:func:`scale_index`).  A -1 id reads row 0 (a -1 index aborts the
+  interpreter's gather) and is masked below.  The FP8/FP4 dtypes are not used: the
+  interpreter misdecodes FP8 exponent 15 and has no FP4.
 * logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, one product per part, times
   ``softmax_scale``; keys with a -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) *
   1e30`` (a sign test, exact for every INT32 id);
@@ -48,6 +53,19 @@ us.  Whole parts (a scale-gather task and a decode task each), one softmax and o
 subgraph are about 10 tasks a token: 448 us, the outputs equal to the golden's as before
 (the online rescaling steps are gone, so they differ from the earlier kernel's in FP32
 reassociation only).
+
+The decode in the group layout (``[1024, 16]`` tiles, one scale a tile row) spent its time
+on copies to global memory: the scale values reshaped from 1-D to ``[n, 1]`` on chip
+(copied out and in again per tile), the INT32 table index (a gather reads its index from
+global memory), and the result reshaped to ``[keys, d]``.  Tiles of whole keys need no
+reshape, the scale comes from a gather (the cost model charges a gather by its smallest
+operand), and the index is INT16: the compressed decode went from 53.5 k to 42.9 k cycles
+and FLASH TP4 T=192 from 448 to 390 us (T=200 534 -> 472 us; T=4 79.6 -> 80.2 us; TINY
+40.8 -> 41.1 us), the outputs bit for bit the same.  What is left in it: each decoded key
+is still written twice (the logits read ``[512, 256]`` column blocks, the ``P.V``
+product ``[256, 512]`` row blocks of the same ``[512, 512]`` result, and pypto gives each
+row block its own copy; an N tile of 256 in both products fails to compile: UB spill), and
+the packed bytes go through global memory for the column gather of each element's byte.
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
 a row's peak is ~16x its RMS, so one BF16 ulp of the output (a rounding flip caused by the
@@ -196,6 +214,25 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+# Merge up to 16 same-structure vector subgraphs of an iteration into one task: a part's
+# whole-key decode tiles are independent, and the partitioner otherwise makes each its own
+# task (FLASH TP4 T=192 1,675 us with 16 + 4 decode tasks a token; merging 8: 583 us, 32:
+# 424 us, 16: 390 us).
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}}
+SCALE_TILE = 8192  # 1-D tile of the scale values' steps (16,384: 396 us, 4,096: 414 us)
+# Parts of at least this many keys compute their row ids with their scale slots (one task
+# fewer a token: FLASH TP4 T=192 415 -> 390 us); smaller parts keep them apart (TINY 41.1
+# us against 43.1 us together).
+SHARED_ROWS_KEYS = 128
+
+
+def _index_dtype(pypto):
+    """Table indices (below 768) as INT16: the index tile goes through global memory
+    for the gather, and the A5 cost model charges a copy by its bytes (FLASH TP4 T=192
+    429 -> 418 us against INT32)."""
+    return pypto.DT_INT16
+
+
 SUM_ROWS = 16  # heads per vector tile of the softmax and the three-term P.V sum
 
 
@@ -271,24 +308,118 @@ def _bias(pypto, ids, n):
                                           0.0, 1.0), 1.0), MASK_BIAS)
 
 
+def scale_index(pypto, keys, d, group):
+    """INT32 ``[keys, d]``: entry ``(r, c)`` is ``r * (d/group) + c // group``, the position
+    of element ``(r, c)``'s scale among a part's ``keys * d/group`` scale values (a gather
+    index; build once, before the loops)."""
+    total = keys * d
+    pypto.set_vec_tile_shapes(min(total, kv_decode.TILE_ELEMS))
+    iota = pypto.arange(0.0, float(total), 1.0)
+    r = pypto.cast(pypto.floor(pypto.mul(pypto.add(iota, 0.5), 1.0 / group)), pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(_key_rows(keys, d), d)
+    return pypto.reshape(r, [keys, d])
+
+
+def _key_rows(keys, d):
+    """Keys per decode tile: ``[rows, d]`` FP32 tiles of :data:`v41.kv_decode.TILE_ELEMS`."""
+    return max(1, min(keys, kv_decode.TILE_ELEMS // d))
+
+
+def _scale_values(pypto, ids, keys, groups, key_of, scales, fp32_rows, e4m3):
+    """``(safe, scale)``: INT32 ``[keys]`` row ids ``max(id, 0)`` (the cache row each key
+    reads; -1 reads row 0 and is masked by the caller) and FP32 ``[keys * groups]`` each
+    group's scale value (E8M0 power or, with ``e4m3``, E4M3 value) from the 1-D gather of
+    the flat scale table at the slots of :func:`v41.kv_decode._scale_bytes`, outside the
+    decode's forced subgraph (whose pitfalls that function names).  The decode gathers the
+    values from global memory, so nothing is reshaped on chip."""
+    n = keys * groups
+    if keys < SHARED_ROWS_KEYS:
+        _, sc = kv_decode._scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows)
+        safe = None
+    else:  # kv_decode._slots, with its row ids kept for the payload gather
+        pypto.set_vec_tile_shapes(1, keys)
+        safe = pypto.reshape(pypto.maximum(ids, 0), [keys])
+        pypto.set_vec_tile_shapes(min(n, 2 * kv_decode.TILE_ELEMS))
+        iota = pypto.arange(0.0, float(n), 1.0)
+        lane = pypto.sub(iota, pypto.mul(pypto.floor(pypto.mul(pypto.add(iota, 0.5),
+                                                                1.0 / groups)), float(groups)))
+        if fp32_rows:  # deliberately wrong: the slot in FP32
+            srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, key_of)
+            slot = pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
+        else:
+            slot = pypto.add(pypto.mul(pypto.index_select(safe, 0, key_of), groups),
+                             pypto.cast(lane, pypto.DT_INT32))
+        sc = pypto.index_select(scales, 0, slot)
+    pypto.set_vec_tile_shapes(min(n, SCALE_TILE))
+    sv = (mx_decode.e4m3_values(pypto, mx_decode.unsigned_codes(pypto, sc)) if e4m3
+          else mx_decode.e8m0_pow2(pypto, sc))
+    if safe is None:
+        pypto.set_vec_tile_shapes(1, keys)
+        safe = pypto.reshape(pypto.maximum(ids, 0), [keys])
+    return safe, sv
+
+
+def _lookup(pypto, table, idx, keys, d, sv, sidx):
+    """BF16 ``[keys, d]``: the table entries at integer ``idx [keys, d]`` times each element's
+    group scale, gathered from ``sv`` (global memory) at ``sidx`` (:func:`scale_index`)."""
+    rt = _key_rows(keys, d)
+    pypto.set_vec_tile_shapes(rt * d)
+    val = pypto.index_select(table, 0, pypto.reshape(idx, [keys * d]))
+    pypto.set_vec_tile_shapes(rt, d)
+    val = pypto.mul(pypto.reshape(val, [keys, d]), pypto.index_select(sv, 0, sidx))
+    return pypto.cast(val, pypto.DT_BF16)
+
+
+def _window_keys(pypto, ids, payload, scales, table, key_of, sidx, keys, d, group, *,
+                 fp32_rows=False):
+    """BF16 ``[keys, d]``: the MXFP8 window rows named by INT32 ``ids [1, keys]`` (-1: row 0
+    is read; the caller masks it), as :func:`v41.kv_decode.window_keys` computes them, but
+    in ``[rows, d]`` tiles of whole keys: ``payload`` uint8 ``[cache rows, d]`` E4M3 codes,
+    each element's E8M0 scale gathered from the part's scale values at ``sidx`` (no
+    reshape between the tiles and the ``[keys, d]`` result)."""
+    g = d // group
+    safe, sv = _scale_values(pypto, ids, keys, g, key_of, scales, fp32_rows, False)
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(_key_rows(keys, d), d)
+        codes = pypto.cast(pypto.index_select(payload, 0, safe), pypto.DT_FP32)
+        idx = pypto.cast(pypto.add(codes, 128.0), _index_dtype(pypto))
+        return _lookup(pypto, table, idx, keys, d, sv, sidx)
+
+
+def _fp4_keys(pypto, ids, payload, scales, table, key_of, sidx, nibbles, keys, d, group, *,
+              scale_e8m0=False, fp32_rows=False):
+    """BF16 ``[keys, d]``: the MXFP4 rows named by INT32 ``ids [1, keys]``, as
+    :func:`v41.kv_decode.fp4_keys` computes them, in ``[rows, d]`` tiles of whole keys:
+    ``payload`` uint8 ``[cache rows, d/2]`` packed E2M1 pairs, ``nibbles`` the
+    :func:`v41.kv_decode.nibble_constants` of ``d`` columns."""
+    g = d // group
+    byte_of, offset = nibbles
+    safe, sv = _scale_values(pypto, ids, keys, g, key_of, scales, fp32_rows, not scale_e8m0)
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(_key_rows(keys, d), d)
+        packed = pypto.index_select(payload, 0, safe)  # [keys, d/2]
+        b = pypto.cast(pypto.index_select(packed, 1, byte_of), pypto.DT_FP32)  # [keys, d]
+        idx = pypto.cast(pypto.add(b, pypto.expand_clone(offset, [keys, d])), _index_dtype(pypto))
+        return _lookup(pypto, table, idx, keys, d, sv, sidx)
+
+
 def _token(pypto, t, q, sink, win, comp, out, o):
     """Token ``t``'s attention over its window keys then its compressed keys (``comp``
     None: window only) as one softmax, written to ``out[t]`` with one BF16 cast."""
     h, d = o["h"], o["d"]
     qt = pypto.view(q, [h, d], [t * h, 0])  # q: a [tokens * h, d] GM view
-    indices, payload, scales, key_of, piece, keys = win
+    indices, payload, scales, key_of, rows_c, piece, keys = win
     parts = []
     for j in range(keys // piece):  # unrolled at trace time
         ids = pypto.view(indices, [1, piece], [t, j * piece])
-        parts.append((kv_decode.window_keys(pypto, ids, payload, scales, o["e4m3"], key_of,
-                                            piece, d, o["wgroup"], fp32_rows=o["fp32_rows"]),
-                      ids))
+        parts.append((_window_keys(pypto, ids, payload, scales, o["e4m3"], key_of, rows_c,
+                                   piece, d, o["wgroup"], fp32_rows=o["fp32_rows"]), ids))
     if comp is not None:
-        cindices, cpayload, cscales, ckey_of, nibbles, cpiece, ckeys = comp
+        cindices, cpayload, cscales, ckey_of, crows_c, nibbles, cpiece, ckeys = comp
         for c in range(ckeys // cpiece):  # unrolled at trace time
             ids = pypto.view(cindices, [1, cpiece], [t, c * cpiece])
-            parts.append((kv_decode.fp4_keys(
-                pypto, ids, cpayload, cscales, o["nib"], ckey_of, nibbles,
+            parts.append((_fp4_keys(
+                pypto, ids, cpayload, cscales, o["nib"], ckey_of, crows_c, nibbles,
                 cpiece, d, o["cgroup"], scale_e8m0=o["scale_e8m0"],
                 fp32_rows=o["fp32_rows"]), ids))
     prods, mx, l_run = _softmax_pv(pypto, qt, parts, sink, h, d, o)
@@ -321,7 +452,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
 
-    @pypto.frontend.jit(runtime_options=options)
+    @pypto.frontend.jit(runtime_options=options, pass_options=PASS_OPTIONS)
     def sparse_attention(
         q: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
         window_kv: pypto.Tensor([dm["blocks"], bs, 1, d], pypto.DT_UINT8),
@@ -334,22 +465,24 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         out: pypto.Tensor([tokens_dim, h, d], pypto.DT_BF16),
     ):
         tokens = q.shape[0]
-        # in-place GM views of the caches, one row per scale group
-        payload = pypto.reshape(window_kv, [rows * g, wgroup], inplace=True)
+        # in-place GM views of the caches: payload one row per key, scales flat
+        payload = pypto.reshape(window_kv, [rows, d], inplace=True)
         scales = pypto.reshape(window_kv_scale, [rows * g], inplace=True)
-        cpayload = pypto.reshape(compressed_kv, [crows * cg, cgroup // 2], inplace=True)
+        cpayload = pypto.reshape(compressed_kv, [crows, half], inplace=True)
         cscales = pypto.reshape(compressed_kv_scale, [crows * cg], inplace=True)
         sink = pypto.reshape(attn_sink, [h, 1], inplace=True)
         q2 = pypto.reshape(q, [tokens * h, d], inplace=True)
         key_of = kv_decode.slot_constants(pypto, tile, g)
         ckey_of = kv_decode.slot_constants(pypto, ctile, cg)
-        nibbles = kv_decode.nibble_constants(pypto, cgroup)
+        nibbles = kv_decode.nibble_constants(pypto, d)
         opts = dict(h=h, d=d, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
                     scale_e8m0=scale_e8m0, e4m3=mx_decode.e4m3_table(pypto),
                     nib=kv_decode.nibble_table(pypto, high_first=high_first))
-        win = (indices, payload, scales, key_of, tile, keys)
-        comp = (compressed_indices, cpayload, cscales, ckey_of, nibbles, ctile, ckeys)
+        rows_c = scale_index(pypto, tile, d, wgroup)
+        crows_c = scale_index(pypto, ctile, d, cgroup)
+        win = (indices, payload, scales, key_of, rows_c, tile, keys)
+        comp = (compressed_indices, cpayload, cscales, ckey_of, crows_c, nibbles, ctile, ckeys)
         for t in pypto.loop(tokens, name="SA_TOKENS", idx_name="t"):
             _token(pypto, t, q2, sink, win, comp if use_compressed else None, out, opts)
 
