@@ -91,18 +91,20 @@ def e4m3_codes(pypto, v, truncate):
 ACTIVATION_AMAX_FLOOR = 1e-4  # goldens.quant.quantize_mxfp8_activation: amax >= 1e-4
 
 
-def activation_group_codes(pypto, xg, n, group):
+def activation_group_codes(pypto, xg, n, group, tile_rows=64):
     """``(codes, e)`` of FP32 groups ``xg [n, group]`` under the ACTIVATION rule
     (``goldens.quant.quantize_mxfp8_activation``): as :func:`quantize_tile` but with the
     group ``amax`` floored at 1e-4 (FP32) before the scale exponent.  ``codes`` FP32 E4M3
     codes 0..255 ``[n, group]`` (round to nearest even), ``e`` FP32 ``[n, 1]`` (scale
-    ``2^e``).  Leaves the vector tile shapes at ``(min(n, 64), group)``."""
-    pypto.set_vec_tile_shapes(min(n, 64), group)
+    ``2^e``).  Vector tiles are ``tile_rows`` groups; leaves the vector tile shapes at
+    ``(min(n, tile_rows), group)``."""
+    t = min(n, tile_rows)
+    pypto.set_vec_tile_shapes(t, group)
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
-    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    pypto.set_vec_tile_shapes(t, 8)
     e = scale_exponent(pypto, pypto.maximum(amax, ACTIVATION_AMAX_FLOOR))
     inv_scale = pow2(pypto, pypto.mul(e, -1.0))
-    pypto.set_vec_tile_shapes(min(n, 64), group)
+    pypto.set_vec_tile_shapes(t, group)
     return e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
 
 

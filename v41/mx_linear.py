@@ -42,22 +42,25 @@ def cols(k: int) -> int:
     return min(k, VEC_COLS)
 
 
-def mx_activation_bf16(pypto, x32, rows, valid, k, group=MX_GROUP, *, skip_quant=False):
+def mx_activation_bf16(pypto, x32, rows, valid, k, group=MX_GROUP, *, skip_quant=False,
+                       group_tile_rows=64, vec_rows=8):
     """BF16 ``[rows, k]`` (first ``valid`` rows real): ``MX(x)`` of FP32 ``x32 [rows, k]``
-    dequantized exactly (see the module doc).  ``skip_quant`` is a deliberately wrong
-    reading for the harness's wrong-kernel tests (plain BF16 cast, no MXFP8 rounding)."""
+    dequantized exactly (see the module doc).  Vector tiles: ``group_tile_rows`` groups of
+    32 for the group steps, ``vec_rows`` rows for the row-shaped ones.  ``skip_quant`` is a
+    deliberately wrong reading for the harness's wrong-kernel tests (plain BF16 cast, no
+    MXFP8 rounding)."""
     if skip_quant:
-        pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
+        pypto.set_vec_tile_shapes(min(rows, vec_rows), cols(k))
         return pypto.cast(x32, pypto.DT_BF16)
     n, gpr = rows * k // group, k // group
-    pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
+    pypto.set_vec_tile_shapes(min(rows, vec_rows), cols(k))
     xg = pypto.reshape(x32, [n, group], valid_shape=[valid * gpr, group])
-    codes, e = mx_encode.activation_group_codes(pypto, xg, n, group)
+    codes, e = mx_encode.activation_group_codes(pypto, xg, n, group, group_tile_rows)
     frac, expo = mx_decode.e4m3_parts(pypto, codes)
     # value * 2^e = frac * 2^(max(expo, 1) - 7 + e): one exp, rounded away by the BF16 cast
     pw = pypto.exp(pypto.mul(pypto.add(pypto.maximum(expo, 1.0), pypto.sub(e, 7.0)), LN2))
     val = pypto.mul(frac, pw)
-    pypto.set_vec_tile_shapes(min(rows, 8), cols(k))
+    pypto.set_vec_tile_shapes(min(rows, vec_rows), cols(k))
     xq = pypto.cast(pypto.reshape(val, [rows, k], valid_shape=[valid, k]), pypto.DT_BF16)
     return pypto.view(xq, [rows, k], [0, 0], valid_shape=[valid, k])
 

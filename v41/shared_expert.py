@@ -60,10 +60,21 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 from v41 import mx_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
+from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
 N_TILE = 128  # W2 output rows decoded per tile
+# Vector tiles (FLASH T=192 554 -> 406 us, T=21 267 -> 239 us, T=4 257 -> 198 us; the
+# task count no longer grows with the row tile's 8-row vector tiles): MX groups of 32 per
+# tile of the activation quantizations (64 before; 512 is slower), rows per tile of the
+# row-shaped SwiGLU / output steps (8 before; 32 and 128 are slower), and rows per forced
+# MX(x) task (before: one row tile of up to 192 rows as a chain of small tasks that queued
+# behind the weight decodes, so the first product started at ~340 k cycles; 2 and 8 rows
+# are slower)
+GROUP_TILE_ROWS = 256
+H_VEC_ROWS = 64
+XQ_ROWS = 4
 # W2 rows per tile when its E8M0 scale rows are at most NARROW_SCALE_BYTES wide (TINY: inter
 # 64 -> 2 bytes): a 128-row tile then fails the lowered ExpandFunction check (an operand
 # without a valid shape); 64 rows pass, as do 128 rows over wider scale rows (o_proj)
@@ -128,6 +139,19 @@ def weight_tile(pypto, w, w_scale, n0, n, k, table):
     return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k, table=table)
 
 
+def _activation_rows(pypto, x, xq, start, valid, hidden):
+    """``xq[start : start + valid] = MX(x)`` of those rows, one forced task
+    (:mod:`v41.subgraph`): as a chain of small tasks it queued behind the weight decodes,
+    and every product waits for it."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(XQ_ROWS, mx_linear.cols(hidden))
+        x32 = pypto.cast(pypto.view(x, [XQ_ROWS, hidden], [start, 0],
+                                    valid_shape=[valid, hidden]), pypto.DT_FP32)
+        xr = mx_linear.mx_activation_bf16(pypto, x32, XQ_ROWS, valid, hidden,
+                                          group_tile_rows=GROUP_TILE_ROWS, vec_rows=XQ_ROWS)
+        mx_linear.assemble_rows(pypto, xr, xq, start, 0, XQ_ROWS, valid, hidden)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           i_tile: int = I_TILE, rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
@@ -179,14 +203,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         row_tiles = (active + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
         table = mx_decode.e4m3_table(pypto)
-        for r in pypto.loop(row_tiles, name="SE_XQ", idx_name="r"):
-            start = r * rows
-            valid = (active - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
-            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
-                                        valid_shape=[valid, hidden]), fp32)
-            xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
-            mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
+        for r in pypto.loop((active + XQ_ROWS - 1) // XQ_ROWS, name="SE_XQ", idx_name="r"):
+            _activation_rows(pypto, x, xq, r * XQ_ROWS, (active - r * XQ_ROWS).min(XQ_ROWS),
+                             hidden)
         for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
             w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
             w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
@@ -195,13 +214,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 valid = (active - start).min(rows)
                 g = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w1t, i_tile, hidden)
                 u = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w3t, i_tile, hidden)
-                pypto.set_vec_tile_shapes(min(rows, 8), i_tile)
+                pypto.set_vec_tile_shapes(min(rows, H_VEC_ROWS), i_tile)
                 g32 = pypto.cast(pypto.cast(g, bf16), fp32)
                 u32 = pypto.cast(pypto.cast(u, bf16), fp32)
                 h = swiglu_tile(pypto, g32, u32, limit, clamp=clamp, silu_on_u=silu_on_u)
                 h32 = pypto.cast(pypto.cast(h, bf16), fp32)
                 hq = mx_linear.mx_activation_bf16(pypto, h32, rows, valid, i_tile,
-                                                  skip_quant=skip_h_quant)
+                                                  skip_quant=skip_h_quant,
+                                                  group_tile_rows=GROUP_TILE_ROWS,
+                                                  vec_rows=H_VEC_ROWS)
                 pypto.assemble(hq, [start, j * i_tile], h_mx)
         for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
             w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter, table)
@@ -209,7 +230,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 start = r * rows
                 valid = (active - start).min(rows)
                 yt = mx_linear.rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile, inter)
-                pypto.set_vec_tile_shapes(min(rows, 8), n_tile)
+                pypto.set_vec_tile_shapes(min(rows, H_VEC_ROWS), n_tile)
                 yb = pypto.view(pypto.cast(yt, bf16), [rows, n_tile], [0, 0],
                                 valid_shape=[valid, n_tile])
                 pypto.assemble(yb, [start, nt * n_tile], y)
