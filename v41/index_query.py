@@ -29,7 +29,9 @@ caller left there (never read here).
 
 Cost model (A5): FLASH T=192 ~3.36 ms and T=512 ~9.0 ms (51x the vector roofline) when
 ``wq_b`` (``H * Dh x q_lora`` elements) was decoded once per 64-row tile; it is now
-decoded once per launch.
+decoded once per launch.  ``MX(qr)`` in 4-token tiles that are one task each
+(:func:`v41.rope_heads.quantize_rows`, 8 tiles per loop iteration) and one row loop per
+head: T=192 (190 active) 194.5 -> 165.6 us.
 
 ABI
 ---
@@ -61,7 +63,7 @@ import struct
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import project_heads
+from v41.rope_heads import mx_tiles, project_heads, quantize_rows
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -138,6 +140,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     compute_padding = variant == "compute_padding"
     zero_padding = variant not in ("skip_padding", "compute_padding")
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    tiles = mx_tiles(d["tokens"])
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -175,12 +178,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             w_t = pypto.cast(pypto.mul(pypto.cast(pypto.cast(w32, bf16), fp32), scale), bf16)
             pypto.assemble(pypto.view(w_t, [rows, heads], [0, 0], valid_shape=[valid, heads]),
                            [start, 0], weights)
-            # MX(qr), to the scratch qrq for the head loop
-            pypto.set_vec_tile_shapes(min(rows, 8), ql)
-            qr32 = pypto.cast(pypto.view(qr, [rows, ql], [start, 0], valid_shape=[valid, ql]),
-                              fp32)
-            qrm = mx_linear.mx_activation_bf16(pypto, qr32, rows, valid, ql)
-            mx_linear.assemble_rows(pypto, qrm, qrq, start, 0, rows, valid, ql)
+        # MX(qr), to the scratch qrq for the head loop: one task per MX_ROWS tokens
+        quantize_rows(pypto, qr, qrq, active, tiles, "IQ_QRQ")
         # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's wq_b tiles decoded once per launch
         project_heads(pypto, qrq, wq_b, wq_b_scale, q, active, heads, hd, ql, rope_cos,
                       rope_sin, factors, rd, rows, N_TILE, "IQ_HEADS")

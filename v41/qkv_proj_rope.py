@@ -10,13 +10,24 @@ Per token (brackets mark a BF16 cast, as in the golden):
 
 Schedule (weight-stationary: every weight tile is decoded ONCE per launch and applied to
 every row tile, so the decode work and the traced bodies do not grow with ``tokens``):
-``QKV_XQ`` writes ``MX(x)`` to the scratch output ``xq``; ``QKV_WQA`` / ``QKV_WKV`` decode
-one ``N_TILE``-row weight tile per iteration and write the BF16-rounded products to the
-scratch outputs ``qa`` / ``kva``; ``QKV_NORM`` normalizes whole rows (the norms need
-them), writes ``qr`` and ``kv`` and ``MX(qr)`` to the scratch ``qrq``; ``QKV_HEADS``
-decodes each head's ``wq_b`` tiles once and writes ``q`` (RoPE on the head's last tile,
-which holds its whole rope tail).  The scratch tensors are outputs because an in-kernel
-``pypto.tensor`` written by one loop and read by a sibling loop crashes the simulator.
+``QKV_XQ`` writes ``MX(x)`` to the scratch output ``xq`` in 4-token tiles, each ONE task
+(:func:`v41.rope_heads.quantize_rows`); ``QKV_WQA`` / ``QKV_WKV`` decode one
+``N_TILE``-row weight tile per iteration and write the BF16-rounded products to the
+scratch outputs ``qa`` / ``kva``; ``QKV_QR`` normalizes whole ``qa`` rows into ``qr`` and
+writes ``MX(qr)`` to the scratch ``qrq``, again one task per 4-token tile; ``QKV_NORM``
+normalizes and rotates ``kv``; ``QKV_HEADS`` decodes each head's ``wq_b`` tiles once and
+writes ``q`` (one row loop per head; RoPE on the head's last tile, which holds its whole
+rope tail).  The scratch tensors are outputs because an in-kernel ``pypto.tensor``
+written by one loop and read by a sibling loop crashes the simulator.
+
+Cost model (A5, FLASH TP4 rank, T=192): 575 -> 320 us.  The vector pass merge
+(``PASS_OPTIONS``) 575 -> 522; ``MX(x)`` as 48 one-task tiles instead of waves of small
+per-operation tasks 522 -> 398; fewer loop iterations (8 tiles unrolled per iteration, one
+row loop per head: the launch fits one 128-function stitched submission, where the last
+heads had waited for a second one) and ``MX(qr)`` in one-task tiles 398 -> 349; the MX
+steps in ``[160, 32]`` tiles 349 -> 320.  Tried: merging 4 subgraphs (456 us); the sum and
+cast of each head tile's K-chunk products as one task (331 us); stitching 256 or 512
+functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation error).
 
 MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
 decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
@@ -58,7 +69,10 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import project_heads, store_rope_head
+from v41.rope_heads import (MX_ROWS, mx_activation_rows, mx_tiles, project_heads, quantize_rows,
+                             row_tile_tasks, store_rope_head)
+
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
@@ -119,6 +133,31 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
 
 
+def normalize_q_rows(pypto, qa, q_norm, qr, qrq, tokens, tiles, eps, apply):
+    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows below ``tokens`` in
+    :func:`v41.rope_heads.row_tile_tasks` tiles, each one task (the norm weight is reshaped
+    inside the tile, not hoisted into a task every tile waits on)."""
+    ql = qa.shape[1]
+    fp32, bf16 = pypto.DT_FP32, pypto.DT_BF16
+
+    def tile(start, valid):
+        pypto.set_vec_tile_shapes(1, ql)
+        qn = pypto.reshape(q_norm, [1, ql])
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
+        qa32 = pypto.cast(pypto.view(qa, [MX_ROWS, ql], [start, 0], valid_shape=[valid, ql]),
+                          fp32)
+        qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, MX_ROWS, ql, eps, apply=apply), bf16)
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
+        pypto.assemble(pypto.view(qr_t, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
+                       [start, 0], qr)
+        qrm = mx_activation_rows(pypto, pypto.cast(qr_t, fp32), MX_ROWS, valid, ql)
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
+        pypto.assemble(pypto.view(qrm, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
+                       [start, 0], qrq)
+
+    row_tile_tasks(pypto, tokens, tiles, "QKV_QR", tile)
+
+
 def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
     """``out[:tokens] = [xq @ W^T]`` (BF16) for MX activations ``xq [tokens, k]``: a
     ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded once and applied to every
@@ -154,6 +193,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     heads = qw // hd
     eps = float(config.rms_norm_eps)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    tiles = mx_tiles(d["tokens"])
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
@@ -162,7 +202,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     tokens_dim = pypto.frontend.dynamic("tokens")
     bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
 
-    @pypto.frontend.jit(runtime_options=options)
+    @pypto.frontend.jit(runtime_options=options, pass_options=PASS_OPTIONS)
     def qkv_proj_rope(
         x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
         rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
@@ -186,35 +226,18 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         tokens = x.shape[0]
         row_tiles = (tokens + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
-        for i in pypto.loop(row_tiles, name="QKV_XQ", idx_name="r"):
-            start = i * rows
-            valid = (tokens - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), mx_linear.cols(hidden))
-            x32 = pypto.cast(pypto.view(x, [rows, hidden], [start, 0],
-                                        valid_shape=[valid, hidden]), fp32)
-            xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, hidden)
-            mx_linear.assemble_rows(pypto, xr, xq, start, 0, rows, valid, hidden)
+        quantize_rows(pypto, x, xq, tokens, tiles, "QKV_XQ")
         project_rows(pypto, xq, wq_a, wq_a_scale, qa, tokens, ql, hidden, rows, "QKV_WQA")
         project_rows(pypto, xq, wkv, wkv_scale, kva, tokens, hd, hidden, rows, "QKV_WKV")
         factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
-        pypto.set_vec_tile_shapes(1, ql)
-        qn = pypto.reshape(q_norm, [1, ql])
+        # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
+        normalize_q_rows(pypto, qa, q_norm, qr, qrq, tokens, tiles, eps, q_norm_on)
         pypto.set_vec_tile_shapes(1, hd)
         kn = pypto.reshape(kv_norm, [1, hd])
         for i in pypto.loop(row_tiles, name="QKV_NORM", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
             cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
-            # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
-            pypto.set_vec_tile_shapes(min(rows, 8), ql)
-            qa32 = pypto.cast(pypto.view(qa, [rows, ql], [start, 0], valid_shape=[valid, ql]),
-                              fp32)
-            qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, rows, ql, eps, apply=q_norm_on),
-                              bf16)
-            mx_linear.assemble_rows(pypto, qr_t, qr, start, 0, rows, valid, ql)
-            pypto.set_vec_tile_shapes(min(rows, 8), ql)
-            qrm = mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid, ql)
-            mx_linear.assemble_rows(pypto, qrm, qrq, start, 0, rows, valid, ql)
             # kv = [RoPE([RMSNorm(kva)])]
             pypto.set_vec_tile_shapes(min(rows, 8), hd)
             kv32 = pypto.cast(pypto.view(kva, [rows, hd], [start, 0], valid_shape=[valid, hd]),

@@ -3,6 +3,61 @@
 :mod:`v41.index_query`)."""
 
 from v41 import mx_decode, mx_linear, rope_tail
+from v41.subgraph import one_subgraph
+
+MX_ROWS = 4  # tokens per MX activation tile, one task ([4, 5120] FP32 tiles compile)
+MX_TILES = 8  # such tiles per loop iteration, unrolled (fewer stitched loop iterations)
+GROUP_TILE = 160  # 32-element groups per vector tile of the MX steps (20 KB FP32)
+
+
+def mx_activation_rows(pypto, x32, rows, valid, k):
+    """:func:`v41.mx_linear.mx_activation_bf16` in ``[GROUP_TILE, 32]`` group tiles instead
+    of ``[64, 32]`` (a one-task ``[4, 5120]`` tile: 4 tile steps per operation instead of
+    10; FLASH TP4 qkv_proj_rope T=192 349 -> 320 us; ``[320, 32]`` tiles failed the
+    simulation)."""
+    return mx_linear.mx_activation_bf16(pypto, x32, rows, valid, k, group_tile_rows=GROUP_TILE)
+
+
+def mx_tiles(tokens: int) -> int:
+    """One-task row tiles per loop iteration for a launch of ``tokens`` (trace time): up to
+    :data:`MX_TILES`, no more than the launch's tokens need."""
+    return max(1, min(MX_TILES, -(-tokens // MX_ROWS)))
+
+
+def row_tile_tasks(pypto, tokens, tiles, name, body):
+    """Call ``body(start, valid)`` for ``MX_ROWS``-token tiles covering rows ``0 ..
+    tokens - 1``, each tile ONE task (:func:`v41.subgraph.one_subgraph`): a ``pypto.loop``
+    of ``tiles`` tiles per iteration, unrolled at trace time, so the tiles run side by side
+    on the vector cores while the loop stays short (the ctrl-flow AICPU stitches at most 128
+    loop iterations into one submission, v41.abi).  A tile's start is clamped to ``tokens -
+    MX_ROWS`` (0 when fewer), so every tile has at least one real row; the clamped tiles of
+    a launch's last iteration recompute and rewrite rows of their neighbours with the same
+    bytes.  Module-level: the jit parser refuses a ``with`` in the kernel body."""
+    span = MX_ROWS * tiles
+    for i in pypto.loop((tokens + span - 1) // span, name=name, idx_name="r"):
+        for u in range(tiles):  # unrolled at trace time
+            with one_subgraph(pypto):
+                start = (i * span + u * MX_ROWS).min((tokens - MX_ROWS).max(0))
+                valid = (tokens - start).min(MX_ROWS)
+                body(start, valid)
+
+
+def quantize_rows(pypto, x, xq, tokens, tiles, name):
+    """``xq[:tokens] = MX(x[:tokens])`` (BF16, exact; :func:`v41.mx_linear.mx_activation_bf16`)
+    for a BF16 DDR tensor ``x [*, k]`` in :func:`row_tile_tasks` tiles (rows at or past
+    ``tokens`` neither read nor written)."""
+    k = x.shape[1]
+
+    def tile(start, valid):
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+        x32 = pypto.cast(pypto.view(x, [MX_ROWS, k], [start, 0], valid_shape=[valid, k]),
+                         pypto.DT_FP32)
+        xr = mx_activation_rows(pypto, x32, MX_ROWS, valid, k)
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+        pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[valid, k]),
+                       [start, 0], xq)
+
+    row_tile_tasks(pypto, tokens, tiles, name, tile)
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
@@ -39,18 +94,22 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
                          f"must lie in a head's last tile)")
     row_tiles = (active + rows - 1) // rows
     table = mx_decode.e4m3_table(pypto)
+    tiles = head_dim // width
     for h in pypto.loop(heads, name=name, idx_name="h"):
-        for c in range(head_dim // width):  # unrolled at trace time; the last holds the tail
-            wt = mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
-                                               width, k, scale_up=scale_up, table=table)
-            for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
-                start = i * rows
-                valid = (active - start).min(rows)
-                y = mx_linear.rows_times_tile(pypto, a, start, rows, valid, wt, width, k)
+        # the head's tiles decoded once (unrolled at trace time; the last holds the tail)
+        wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
+                                             width, k, scale_up=scale_up, table=table)
+               for c in range(tiles)]
+        # one row loop per head (not per tile): fewer stitched loop iterations
+        for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
+            start = i * rows
+            valid = (active - start).min(rows)
+            for c in range(tiles):
+                y = mx_linear.rows_times_tile(pypto, a, start, rows, valid, wts[c], width, k)
                 pypto.set_vec_tile_shapes(min(rows, 8), width)
                 yb = pypto.cast(y, pypto.DT_BF16)
                 col = h * head_dim + c * width
-                if c == head_dim // width - 1:
+                if c == tiles - 1:
                     cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows,
                                                        valid)
                     store_rope_head(pypto, yb, out, start, col, rows, valid, cos_t, sin_t,
