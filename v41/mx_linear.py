@@ -9,7 +9,7 @@
   uint8 E8M0 code per 32x32 block ``[N/32, K/32]``; it is decoded one ``[n_tile, K]`` row
   tile at a time to exact BF16 ``code value * 2^s`` (the block scale repeated per row by an
   ``index_select`` of the scale rows): whole rows by a gather from an E4M3 value table in
-  one layout (:func:`_whole_rows`; FLASH T=192 estimates: o_proj 517 -> 303 us,
+  one layout (:func:`_whole_row_steps`; FLASH T=192 estimates: o_proj 517 -> 303 us,
   qkv_proj_rope 1,242 -> 575 us, index_query 472 -> 235 us, shared_expert T=21 788 -> 267
   us), a column block by arithmetic (:func:`v41.mx_decode.window_rows`); no expanded weight
   ever exists beyond one tile.
@@ -73,55 +73,69 @@ def _weight_row_ids(pypto, n_tile, group):
 
 
 def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GROUP, *,
-                        scale_up=False, table=None):
+                        scale_up=False, table=None, one_task=False):
     """BF16 ``[n_tile, k]``: the block ``[n0 : n0 + n_tile, c0 : c0 + k]`` of the FP8 weight
     decoded exactly (``n0``, ``c0``, ``n_tile``, ``k`` multiples of ``group``).
     ``scale_up`` is a deliberately wrong reading (every block scale one binade too large).
     With ``table`` (:func:`v41.mx_decode.e4m3_table`) and whole rows (``c0 = 0``, ``k`` =
-    all of K) the tile is decoded by :func:`_whole_rows` as one subgraph; else by the
-    arithmetic :func:`v41.mx_decode.window_rows`."""
+    all of K) the tile is decoded by :func:`_whole_row_steps` as one subgraph (with ``one_task``
+    the scale-row gather too, in one ``[n_tile, K/32]`` tile: fewer tasks and edges); else
+    by the arithmetic :func:`v41.mx_decode.window_rows`."""
     kg = k // group
-    row_ids = _weight_row_ids(pypto, n_tile, group)
-    pypto.set_vec_tile_shapes(min(n_tile // group, 16), kg)
-    srows = pypto.view(w_scales, [n_tile // group, kg], [n0 // group, c0 // group])
-    pypto.set_vec_tile_shapes(min(n_tile, 16), kg)
-    srep = pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
-    if table is not None and c0 == 0 and k == w_codes.shape[1]:
-        wt = _whole_rows(pypto, w_codes, srep, table, n0, n_tile, k, group)
+    if table is not None and c0 == 0 and k == w_codes.shape[1] and one_task:
+        with one_subgraph(pypto):
+            srep = _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, n_tile)
+            wt = _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
     else:
-        pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
-        codes = pypto.view(w_codes, [n_tile, k], [n0, c0])
-        wt = mx_decode.window_rows(pypto, codes, pypto.reshape(srep, [n_tile * kg]), n_tile,
-                                   k, group, row_tile=(min(n_tile, 16), cols(k)), pieces=4)
+        srep = _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, 16)
+        if table is not None and c0 == 0 and k == w_codes.shape[1]:
+            with one_subgraph(pypto):
+                wt = _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
+        else:
+            pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
+            codes = pypto.view(w_codes, [n_tile, k], [n0, c0])
+            wt = mx_decode.window_rows(pypto, codes, pypto.reshape(srep, [n_tile * kg]),
+                                       n_tile, k, group, row_tile=(min(n_tile, 16), cols(k)),
+                                       pieces=4)
     if scale_up:
         wt = pypto.cast(pypto.mul(pypto.cast(wt, pypto.DT_FP32), 2.0), pypto.DT_BF16)
     return wt
 
 
-def _whole_rows(pypto, w_codes, srep, table, n0, n_tile, k, group):
-    """The decode of :func:`mx_weight_tile_bf16` for whole rows: they are contiguous, so the
-    codes are read through a ``[N * K/32, 32]`` GM reshape and every step runs in the same
-    ``[GROUP_ROWS, 32]`` tiles (one block scale per tile row) up to the BF16 result: one
-    gather from the code table, one multiply by the power of two.  The arithmetic path
-    reshapes on chip, and each reshape goes through global memory and back."""
+def _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, tile_rows):
+    """uint8 ``[n_tile, K/32]``: each weight row's block scales (the block row repeated per
+    row by an exact ``index_select``), in vector tiles of ``tile_rows`` rows."""
+    row_ids = _weight_row_ids(pypto, n_tile, group)
+    pypto.set_vec_tile_shapes(min(n_tile // group, tile_rows), kg)
+    srows = pypto.view(w_scales, [n_tile // group, kg], [n0 // group, c0 // group])
+    pypto.set_vec_tile_shapes(min(n_tile, tile_rows), kg)
+    return pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
+
+
+def _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group):
+    """The decode of :func:`mx_weight_tile_bf16` for whole rows (the caller scopes it as one
+    subgraph): they are contiguous, so the codes are read through a ``[N * K/32, 32]`` GM
+    reshape and every step runs in the same ``[GROUP_ROWS, 32]`` tiles (one block scale per
+    tile row) up to the BF16 result: one gather from the code table, one multiply by the
+    power of two.  The arithmetic path reshapes on chip, and each reshape goes through
+    global memory and back."""
     kg = k // group
     n = n_tile * kg
     t = min(n, GROUP_ROWS)
-    with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(t)
-        pw = mx_decode.e8m0_pow2(pypto, pypto.reshape(srep, [n]))
-        pypto.set_vec_tile_shapes(t, 1)
-        pw = pypto.reshape(pw, [n, 1])
-        pypto.set_vec_tile_shapes(t, group)
-        rows_all = w_codes.shape[0] * kg
-        codes = pypto.view(pypto.reshape(w_codes, [rows_all, group]), [n, group], [n0 * kg, 0])
-        idx = pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
-        pypto.set_vec_tile_shapes(t * group)
-        val = pypto.index_select(table, 0, pypto.reshape(idx, [n * group]))
-        pypto.set_vec_tile_shapes(t, group)
-        val = pypto.cast(pypto.mul(pypto.reshape(val, [n, group]), pw), pypto.DT_BF16)
-        pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
-        return pypto.reshape(val, [n_tile, k])
+    pypto.set_vec_tile_shapes(t)
+    pw = mx_decode.e8m0_pow2(pypto, pypto.reshape(srep, [n]))
+    pypto.set_vec_tile_shapes(t, 1)
+    pw = pypto.reshape(pw, [n, 1])
+    pypto.set_vec_tile_shapes(t, group)
+    rows_all = w_codes.shape[0] * kg
+    codes = pypto.view(pypto.reshape(w_codes, [rows_all, group]), [n, group], [n0 * kg, 0])
+    idx = pypto.cast(pypto.add(pypto.cast(codes, pypto.DT_FP32), 128.0), pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(t * group)
+    val = pypto.index_select(table, 0, pypto.reshape(idx, [n * group]))
+    pypto.set_vec_tile_shapes(t, group)
+    val = pypto.cast(pypto.mul(pypto.reshape(val, [n, group]), pw), pypto.DT_BF16)
+    pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
+    return pypto.reshape(val, [n_tile, k])
 
 
 def mx_linear_tile(pypto, parts, w_codes, w_scales, n0, n_tile, rows, valid, *,
@@ -189,17 +203,22 @@ def k_chunk(k: int, most: int = 1024) -> int:
     return max(c for c in range(32, min(k, most) + 1, 32) if k % c == 0)
 
 
-def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
-    """FP32 ``[rows, n]``: rows ``start .. start + valid`` of the BF16 DDR tensor ``a``
-    ``[*, k]`` times the BF16 tile ``w_tile [n, k]`` transposed, K split into
-    :func:`k_chunk` views (FP32 partial products added in K order)."""
+def k_partials(pypto, a, start, rows, valid, w_tile, n, k):
+    """Yield the FP32 ``[rows, n]`` partial products in K order (traced as they are
+    consumed): rows ``start .. start + valid`` of the BF16 DDR tensor ``a`` ``[*, k]`` times
+    the BF16 tile ``w_tile [n, k]`` transposed, K split into :func:`k_chunk` views."""
     kc = k_chunk(k)
-    acc = None
     for q in range(k // kc):  # unrolled at trace time (FLASH: 5 for hidden, 3 for inter)
         pypto.set_vec_tile_shapes(min(rows, 16), kc)
         av = pypto.view(a, [rows, kc], [start, q * kc], valid_shape=[valid, kc])
         wv = pypto.view(w_tile, [n, kc], [0, q * kc])
-        mm = pypto.matmul(av, wv, pypto.DT_FP32, b_trans=True)
+        yield pypto.matmul(av, wv, pypto.DT_FP32, b_trans=True)
+
+
+def rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k):
+    """FP32 ``[rows, n]``: the :func:`k_partials` added in K order."""
+    acc = None
+    for mm in k_partials(pypto, a, start, rows, valid, w_tile, n, k):
         pypto.set_vec_tile_shapes(min(rows, 16), n)
         acc = mm if acc is None else pypto.add(acc, mm)
     return acc

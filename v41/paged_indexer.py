@@ -29,7 +29,8 @@ the Top-K then reads.  The host bounds ``tokens`` per launch by the score budget
 
 Schedule (A5 cost model, FLASH TP4 T=192 in launches of 32 rows): 64-key tiles with the
 arithmetic decoder of ``v41.mx_decode`` (its on-chip reshapes went through global memory)
-took 1,842 us; the whole-row decoder and 512-key tiles take 423 us, the same Top-K rows.
+took 1,842 us; the whole-row decoder and 512-key tiles take 423 us, the same Top-K rows
+(400 us with each token's steps before its key loop in one subgraph scope).
 A token with a short prefix decodes a whole tile of masked keys; at decode lengths that
 costs less than the extra loop iterations (256-key tiles: 109 us against 73 us for a
 32-row FLASH launch).
@@ -62,6 +63,7 @@ import math
 from v41 import kv_decode, rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles
+from v41.subgraph import one_subgraph
 
 KEY_TILE = 512  # keys decoded and scored per step (the dims' width must be a multiple)
 INT32_MAX = 2 ** 31 - 1
@@ -180,24 +182,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
         for t in pypto.loop(tokens, name="IDX_TOKENS", idx_name="t"):
             req = token_to_req[t]
-            # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0)
-            pypto.set_vec_tile_shapes(8)
-            lv = pypto.cast(pypto.view(compressed_lens, [1], [t]), pypto.DT_FP32)
-            pypto.set_vec_tile_shapes(1, padded)
-            limit = pypto.expand_clone(pypto.reshape(lv, [1, 1]), [1, padded])
-            visible = pypto.lt(pos, limit)
-            pypto.set_vec_tile_shapes(1, width)
-            trow = pypto.view(index_block_table, [1, pages], [req, 0])
-            phys = pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
-            pypto.set_vec_tile_shapes(1, padded)
-            pypto.assemble(pypto.full([1, padded], rank_select.MASKED, pypto.DT_FP32),
-                           [t, 0], scores)  # columns of tiles past compressed_lens[t]
-            pypto.set_vec_tile_shapes(h, 16)
-            wt = pypto.reshape(pypto.cast(pypto.view(weights, [1, h], [t, 0]), pypto.DT_FP32),
-                               [h, 1])
-            # last before the key loop: the tile the loop's copy of qt is cut in
-            pypto.set_vec_tile_shapes(h, d)
-            qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
+            visible, phys, wt, qt = _token_prelude(
+                pypto, q, weights, index_block_table, compressed_lens, scores, t, req, pos,
+                page_of, offset, bs, pages, width, padded, h, d)
             if causal:  # only the tiles holding visible positions
                 ntiles = (compressed_lens[t] + tile - 1) // tile
             else:
@@ -280,3 +267,32 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             body(q, weights, index_key, index_key_scale, index_block_table, token_to_req,
                  compressed_lens, None, scores, topk_rows)
     return paged_indexer
+
+
+def _token_prelude(pypto, q, weights, index_block_table, compressed_lens, scores, t, req, pos,
+                   page_of, offset, bs, pages, width, padded, h, d):
+    """Token ``t``'s steps before its key loop as one subgraph (one task): ``visible``
+    (positions below ``compressed_lens[t]``), ``phys`` (the physical row of every logical
+    position), the MASKED fill of its score row, its head weights ``wt`` FP32 ``[h, 1]``
+    and its query ``qt`` BF16 ``[h, d]``."""
+    with one_subgraph(pypto):
+        # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0)
+        pypto.set_vec_tile_shapes(8)
+        lv = pypto.cast(pypto.view(compressed_lens, [1], [t]), pypto.DT_FP32)
+        pypto.set_vec_tile_shapes(1, padded)
+        limit = pypto.expand_clone(pypto.reshape(lv, [1, 1]), [1, padded])
+        visible = pypto.lt(pos, limit)
+        pypto.set_vec_tile_shapes(1, width)
+        trow = pypto.view(index_block_table, [1, pages], [req, 0])
+        phys = pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
+        pypto.set_vec_tile_shapes(1, padded)
+        pypto.assemble(pypto.full([1, padded], rank_select.MASKED, pypto.DT_FP32),
+                       [t, 0], scores)  # columns of tiles past compressed_lens[t]
+        pypto.set_vec_tile_shapes(h, 16)
+        wt = pypto.reshape(pypto.cast(pypto.view(weights, [1, h], [t, 0]), pypto.DT_FP32),
+                           [h, 1])
+        # last before the key loop: the tile the loop's copy of qt is cut in
+        pypto.set_vec_tile_shapes(h, d)
+        qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
+    return visible, phys, wt, qt
+

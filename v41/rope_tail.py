@@ -50,21 +50,22 @@ def rope_factors(pypto, rope_dim, *, inverse=True):
     return expand, swap, pypto.reshape(sign, [1, rope_dim])
 
 
-def rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim):
+def rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim, tile_rows=16):
     """BF16 ``[rows, rope_dim]``: one head's rope tail ``tail`` BF16 rotated with the rows'
     ``cos_t``/``sin_t`` FP32 ``[rows, half]`` (see :func:`rope_factors`): ``x c + x_swap
     (+-s)`` in FP32, one BF16 cast -- the golden's ``re c - im s`` / ``im c + re s``
-    operation for operation (the sign flip and the 0/1 matmuls are exact)."""
+    operation for operation (the sign flip and the 0/1 matmuls are exact).  Vector tiles
+    of ``tile_rows`` rows."""
     expand, swap, sign = factors
     half = rope_dim // 2
     # re-view: a tensor entering a nested loop's function loses its valid shape
-    pypto.set_vec_tile_shapes(min(rows, 16), half)
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), half)
     cos_v = pypto.view(cos_t, [rows, half], [0, 0], valid_shape=[valid, half])
     sin_v = pypto.view(sin_t, [rows, half], [0, 0], valid_shape=[valid, half])
     cw = pypto.matmul(cos_v, expand, pypto.DT_FP32)  # [rows, rope_dim]
     sw = pypto.matmul(sin_v, expand, pypto.DT_FP32)
     xs = pypto.matmul(tail, swap, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(min(rows, 16), rope_dim)
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), rope_dim)
     x32 = pypto.cast(tail, pypto.DT_FP32)
     rot = pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign)))
     return pypto.cast(rot, pypto.DT_BF16)
