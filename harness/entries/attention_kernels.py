@@ -280,7 +280,7 @@ def _select(launch: RankLauncher, config, layer, lc, x, qr, w, md, batch, rope, 
     if lc.mode is Mode.C1A_REINDEX:
         mask = torch.zeros(n, padded_width, dtype=torch.uint8)
         mask[:, :width] = scratch.candidate_mask[lc.candidate_source][:n]
-    step = min(paged_indexer.LAUNCH_ROWS,
+    step = min(launch_step(launch.platform, n, paged_indexer.LAUNCH_ROWS),
                paged_indexer.logits_chunk_rows(config, width, paged_indexer.DEFAULT_MAX_LOGITS_BYTES))
     q = iq["q"].reshape(n, ix.n_heads, ix.head_dim)
     topk = torch.full((n, ix.topk), -1, dtype=_I32)

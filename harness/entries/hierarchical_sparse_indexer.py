@@ -9,7 +9,9 @@ candidate_block_size`` (TINY 32 positions; FLASH 32,768 positions = 4,096 blocks
 which 2,048 are kept), so the block limit binds.  Kind ``ties``: scores take only a few
 values, so block scores tie and the tie rule (lower block wins) decides.
 
-Launches: tokens are split on the host into chunks of :data:`LAUNCH_ROWS` (a5sim memory).
+Launches: on a5sim's interpreter tokens are split on the host into chunks of
+:data:`LAUNCH_ROWS` (its memory); elsewhere, and on an estimate-only platform (which
+interprets nothing), all tokens go in one launch, as a card runs them.
 
 Comparison: the mask exactly, byte for byte (the input scores are shared, so the selection
 is determined; any difference is a defect).
@@ -24,7 +26,7 @@ from harness.case import Case, Support
 from harness.compare import check_non_owned_bytes
 from harness.fixtures import generator, randn
 from harness.platforms.topology import VECTOR_FP32
-from harness.entries._kernel import sequential_cost
+from harness.entries._kernel import launch_step, sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.hierarchical_indexer"
@@ -80,12 +82,13 @@ def validate_launch(config, inputs) -> None:
 
 
 def kernel_sut(variant: str = "reference"):
-    """The SUT: host validation, then one launch per :data:`LAUNCH_ROWS` tokens."""
+    """The SUT: host validation, then one launch per :data:`LAUNCH_ROWS` tokens on the
+    interpreter, one launch for all tokens elsewhere (:func:`launch_step`)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         validate_launch(config, inputs)
         t, width = inputs["scores"].shape
-        step = min(LAUNCH_ROWS, t)
+        step = launch_step(platform, t, LAUNCH_ROWS)
         options = {} if variant == "reference" else {"variant": variant}
         out, records = inputs["candidate_mask"], []
         for t0 in range(0, t, step):

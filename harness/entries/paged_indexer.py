@@ -16,8 +16,9 @@ the host splits the queries into several launches.
 
 Chunking (contract): query rows go to the kernel in chunks whose FP32 score buffer
 (``tokens x max(width, topk)``) fits ``max_logits_bytes`` (default 512 MiB, at least one
-row: ``goldens.indexer.logits_chunk_rows``), further capped by :data:`LAUNCH_ROWS` for the
-a5sim interpreter's memory; each chunk is one launch that completes its Top-K.
+row: ``goldens.indexer.logits_chunk_rows``), further capped by :data:`LAUNCH_ROWS` on the
+a5sim interpreter (its memory; not on an estimate-only platform, which interprets
+nothing); each chunk is one launch that completes its Top-K.
 
 Comparison: ``harness.compare.check_topk`` (eligibility, uniqueness, ascending order,
 trailing -1 padding, count, cutoff-score quality against the golden's scores).
@@ -33,7 +34,7 @@ from harness.case import Case, Support
 from harness.compare.topk import check_topk
 from harness.fixtures import block_table, generator, randn, split_lengths, uniform
 from harness.platforms.topology import CUBE_BF16, VECTOR_FP32
-from harness.entries._kernel import sequential_cost
+from harness.entries._kernel import launch_step, sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.paged_indexer"
@@ -151,9 +152,9 @@ def kernel_sut(variant: str = "reference", max_logits_bytes: int | None = None):
         validate_launch(config, inputs)
         table = inputs["index_block_table"]
         width = table.shape[1] * config.cache.block_size
-        step = min(LAUNCH_ROWS, logits_chunk_rows(config, width,
-                                                  budget_for(config, case, max_logits_bytes)))
         t = inputs["q"].shape[0]
+        step = min(launch_step(platform, t, LAUNCH_ROWS),
+                   logits_chunk_rows(config, width, budget_for(config, case, max_logits_bytes)))
         masked = "candidate_mask" in inputs
         axes = {"tokens": step, "preset": case.preset, "pages": table.shape[1],
                 "requests": table.shape[0], "blocks": inputs["index_key"].shape[0],
