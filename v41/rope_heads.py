@@ -61,33 +61,37 @@ def quantize_rows(pypto, x, xq, tokens, tiles, name):
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
-                    head_dim, rope_dim):
+                    head_dim, rope_dim, tile_rows=16):
     """Write one head ``y_bf16 [rows, head_dim]`` (first ``valid`` rows real) to ``out`` at
     ``[start, col]``: the NoPE channels as they are, the rope tail (the last ``rope_dim``
-    channels) rotated with :func:`v41.rope_tail.rotate_tail`.  A head that is all rope
-    (``head_dim == rope_dim``) has no NoPE write."""
+    channels) rotated with :func:`v41.rope_tail.rotate_tail`, on vector tiles of
+    ``tile_rows`` rows.  A head that is all rope (``head_dim == rope_dim``) has no NoPE
+    write."""
     nope = head_dim - rope_dim
     if nope < 0:
         raise ValueError(f"head_dim: {head_dim} is narrower than rope_dim {rope_dim}")
     if nope:
-        pypto.set_vec_tile_shapes(min(rows, 16), head_dim)
+        pypto.set_vec_tile_shapes(min(rows, tile_rows), head_dim)
         pypto.assemble(pypto.view(y_bf16, [rows, nope], [0, 0], valid_shape=[valid, nope]),
                        [start, col], out)
-    pypto.set_vec_tile_shapes(min(rows, 16), head_dim)
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), head_dim)
     tail = pypto.view(y_bf16, [rows, rope_dim], [0, nope], valid_shape=[valid, rope_dim])
-    rot = rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim)
-    pypto.set_vec_tile_shapes(min(rows, 16), rope_dim)
+    rot = rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim,
+                                tile_rows=tile_rows)
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), rope_dim)
     pypto.assemble(pypto.view(rot, [rows, rope_dim], [0, 0], valid_shape=[valid, rope_dim]),
                    [start, col + nope], out)
 
 
 def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_cos, rope_sin,
-                  factors, rope_dim, rows, n_tile, name, *, scale_up=False):
+                  factors, rope_dim, rows, n_tile, name, *, scale_up=False, tile_rows=None):
     """``out[:active, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head ``h`` of the
     FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32 scales) over
     the BF16 MX activations ``a [*, k]`` (a DDR tensor): weight-stationary, each
     ``n_tile``-row tile of a head decoded once and applied to every row tile; the head's
-    last tile holds its whole rope tail (``rope_dim <= n_tile``)."""
+    last tile holds its whole rope tail (``rope_dim <= n_tile``).  ``tile_rows``: rows of
+    the vector tiles after the product (the BF16 cast, the rope tail, the stores); None
+    keeps 8-row casts and 16-row rope tiles."""
     width = mx_linear.tile_width(head_dim, n_tile)
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
@@ -106,14 +110,14 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
             valid = (active - start).min(rows)
             for c in range(tiles):
                 y = mx_linear.rows_times_tile(pypto, a, start, rows, valid, wts[c], width, k)
-                pypto.set_vec_tile_shapes(min(rows, 8), width)
+                pypto.set_vec_tile_shapes(min(rows, tile_rows or 8), width)
                 yb = pypto.cast(y, pypto.DT_BF16)
                 col = h * head_dim + c * width
                 if c == tiles - 1:
                     cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows,
                                                        valid)
                     store_rope_head(pypto, yb, out, start, col, rows, valid, cos_t, sin_t,
-                                    factors, width, rope_dim)
+                                    factors, width, rope_dim, tile_rows=tile_rows or 16)
                 else:
                     pypto.assemble(pypto.view(yb, [rows, width], [0, 0],
                                               valid_shape=[valid, width]), [start, col], out)
