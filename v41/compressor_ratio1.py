@@ -4,14 +4,35 @@
 Per valid token ``t < num_tokens``: ``latent = RMSNorm(bf16(x @ wkv), norm)`` [BF16] (cube
 matmul, FP32 accumulation; FP32 row statistic), then, when ``position_ids[t] >= 0`` and
 ``compressed_slots[t] >= 0``, publication at compressed position ``p`` (ratio 1: the
-token's own position) through :func:`v41.compressor_common.encode_tile`: MXFP4 g16 / E4M3
-compressed KV of ``RoPE(latent)``, MXFP4 g32 / E8M0 index key of
+token's own position) with the arithmetic of :func:`v41.compressor_common.encode_tile`:
+MXFP4 g16 / E4M3 compressed KV of ``RoPE(latent)``, MXFP4 g32 / E8M0 index key of
 ``RoPE(RMSNorm(bf16(latent @ index_wk), index_norm))``, written at physical row
 ``slot = block * block_size + offset`` of the four caches.  Rows ``t >= num_tokens`` are
-never read (the loop covers only the tiles below the runtime ``num_tokens``; the last
+never read (the loops cover only the tiles below the runtime ``num_tokens``; the last
 tile's ``valid_shape`` stops there); ``num_tokens = 0`` reads and writes nothing.  Slot
 ranges, duplicates, RoPE capacity and the metadata are host checks
 (``harness.entries.compressor_ratio1.validate_launch``).
+
+Schedule (the same traced program for every token count, so the compile time does not
+follow the launch's tokens): the projection ``x @ wkv`` in row tiles of PROJ_ROWS tokens
+(one cube M tile; ``x``'s whole row tile and ``wkv`` in K pieces of PROJ_K_B rows are the
+L1 tiles), and inside each, tiles of ROW_TILE tokens, each as four tasks: the latent
+(RMSNorm, one subgraph), the KV (RoPE, MXFP4, the rows' writes, one subgraph) in parallel
+with the index projection (cube), then the index key (RMSNorm, RoPE, MXFP4, the rows'
+writes, one subgraph).  A row is written by one ``assemble`` per cache of a view whose
+runtime row count is 1 for a live row and 0 otherwise (a zero-row view writes nothing),
+so the writes need no runtime ``if`` and stay inside their tile's task (the previous
+kernel's per-row loop of four copy tasks was half its time).  Cost model (A5, FLASH)
+before -> after: T=192 (180 active) 194.7 -> 48.5 us, T=2048 2,541.5 -> 508.8 us, T=4
+68.9 -> 40.6 us, T=48 100.9 -> 42.8 us; the previous kernel picked its row tile from the
+tokens (8 rows up to 32 tokens, 64 above), so its compile time followed them.
+
+Bits: every FP32 value is the previous kernel's.  The interpreter sums a matmul in K
+pieces of ``gcd(kL1A, kL1B)`` (256 here as before: L1 K tiles ``hidden`` and 768); the
+projection's M (32) and the index projection's (8) are in the set of M for which torch's
+FP32 rows equal M = 64's; the RoPE is computed over the whole row and selected per column
+with ``where`` (the rotated columns by the same FP32 operations, the others the input
+itself); the MXFP4 codes are :mod:`v41.mx_fp4`'s arithmetic, cast to uint8 per row.
 
 ABI
 ---
@@ -42,19 +63,21 @@ from INT32 tensors only); ``compressed_kv_scale`` carries the E4M3 bytes as uint
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
-from v41.abi import Arg, case_int, jit_options, resolve
-from v41.compressor_common import encode_tile, rms_norm_rows
-from v41.cube_tiles import row_tile
+import math
 
-ROW_TILE = 8  # tokens per loop iteration (one cube M tile of 16)
-# A launch of more than BIG_ROWS_FROM tokens with a wkv of at least BIG_WEIGHT_BYTES takes
-# row tiles of its tokens rounded up to 16, at most ROWS_MAX, as one cube M tile: the row
-# tile trades wkv's re-reads (once per row tile and N tile) against the static tile's vector
-# work.  FLASH (wkv 5 MiB) T=192 392 -> 197 us, T=40 113 -> 97 us; but T=16 70 -> 83 us,
-# T=4 69 -> 79 us with 16 rows, and TINY (wkv 32 KiB) T=40 38 -> 57 us.
-ROWS_MAX = 64
-BIG_ROWS_FROM = 32
-BIG_WEIGHT_BYTES = 1 << 20
+from v41 import mx_fp4
+from v41.abi import Arg, case_int, jit_options, resolve
+from v41.compressor_common import partner_index, rms_norm_rows, rope_factors, rope_tail
+from v41.cube_tiles import L1_BYTES
+from v41.subgraph import one_subgraph
+
+ROW_TILE = 8  # tokens per encode tile (four tasks); 16: FLASH T=192 55.9 us instead of 49.2
+PROJ_ROWS = 32  # tokens per projection row tile; 64 (with L1 K tiles 256 / 2560): 60.7 us
+PROJ_N = 128  # projection N tile; 64: FLASH T=192 60.5 us
+PROJ_K_B = 768  # wkv's L1 K tile; x's is the whole hidden row
+K_STEP = 256  # the interpreter's K piece, gcd of the two L1 K tiles (the previous kernel's)
+INDEX_N = 128  # index projection N tile (one task per encode tile)
+GROUP_ROWS = 256  # MXFP4 group rows per vector tile (one tile for 8 rows of 512)
 
 VARIANTS = {
     "reference": "the contract",
@@ -105,6 +128,165 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+def _rope_full32(pypto, x, freqs_cos, freqs_sin, positions, rows, valid, width, rd):
+    """FP32 ``[rows, width]``: BF16 ``x`` with its last ``rd`` channels rotated and rounded to
+    BF16 -- :func:`v41.compressor_common.rope_tail`'s values, computed over the whole width
+    (table and partner gathers by a full-width column index) and selected per column with
+    ``where``, so no concatenation goes through global memory.  The rotated columns run the
+    same FP32 operations as ``rope_tail``; the others are ``x`` itself."""
+    nope = width - rd
+    half = rd // 2
+    pypto.set_vec_tile_shapes(rows)
+    safe = pypto.maximum(positions, 0)
+    pypto.set_vec_tile_shapes(rows, half)
+    cos_h = pypto.index_select(freqs_cos, 0, safe)
+    sin_h = pypto.index_select(freqs_sin, 0, safe)
+    pypto.set_vec_tile_shapes(width)
+    col = pypto.arange(0.0, float(width), 1.0)
+    rel = pypto.maximum(pypto.add(col, -float(nope)), 0.0)  # tail column j - nope, else 0
+    pair = pypto.floor(pypto.mul(rel, 0.5))
+    odd = pypto.sub(rel, pypto.mul(pair, 2.0))
+    sign = pypto.reshape(pypto.sub(pypto.mul(odd, 2.0), 1.0), [1, width])
+    pair_i = pypto.cast(pair, pypto.DT_INT32)
+    partner = pypto.cast(pypto.sub(pypto.add(col, 1.0), pypto.mul(odd, 2.0)), pypto.DT_INT32)
+    tail = pypto.reshape(pypto.ge(col, float(nope)), [1, width])
+    pypto.set_vec_tile_shapes(min(rows, 8), width)
+    cos_f = pypto.index_select(cos_h, 1, pair_i)
+    sin_f = pypto.index_select(sin_h, 1, pair_i)
+    sin_f = pypto.mul(sin_f, pypto.expand_clone(sign, [rows, width], valid_shape=[valid, width]))
+    x32 = pypto.cast(x, pypto.DT_FP32)
+    swapped = pypto.index_select(x32, 1, partner)
+    rot = pypto.cast(pypto.add(pypto.mul(x32, cos_f), pypto.mul(swapped, sin_f)), pypto.DT_BF16)
+    rot = pypto.cast(rot, pypto.DT_FP32)
+    keep = pypto.expand_clone(tail, [rows, width], valid_shape=[valid, width])
+    return pypto.where(keep, rot, x32)
+
+
+def _publish_rows(pypto, vals, scodes, cache, cache_scale, lives, slots, rows):
+    """Row ``r`` of the FP32 4-D tiles cast to uint8 and written at ``slots[r]`` when
+    ``lives[r]`` is 1 (a zero-row view writes nothing)."""
+    bs = cache.shape[1]
+    w, g = cache.shape[3], cache_scale.shape[3]
+    for r in range(rows):
+        at = [slots[r] // bs, slots[r] % bs, 0, 0]
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, w)
+        pypto.assemble(pypto.cast(pypto.view(vals, [1, 1, 1, w], [r, 0, 0, 0],
+                                             valid_shape=[lives[r], 1, 1, w]), pypto.DT_UINT8),
+                       at, cache)
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(g, 32))
+        pypto.assemble(pypto.cast(pypto.view(scodes, [1, 1, 1, g], [r, 0, 0, 0],
+                                             valid_shape=[lives[r], 1, 1, g]), pypto.DT_UINT8),
+                       at, cache_scale)
+
+
+def _row_slots(compressed_slots, position_ids, start, active, valid, rows, lowest):
+    """Per tile row: the physical slot (>= 0) and live (1 when the row is real, its slot
+    >= 0 and its position >= lowest, else 0).  Rows past the tokens read the last token's."""
+    lives, slots = [], []
+    for r in range(rows):
+        t = (start + r).min(active - 1)
+        slot = compressed_slots[t]
+        p = position_ids[t]
+        live = (slot + 1).max(0).min(1).min((p - lowest + 1).max(0).min(1)).min(
+            (valid - r).max(0))
+        lives.append(live)
+        slots.append(slot.max(0))
+    return lives, slots
+
+
+def _latent_stage(pypto, kv_all, j, rows, valid, norm, d, eps):
+    """BF16 latent ``RMSNorm(bf16(x @ wkv))`` of tile ``j`` of a projection tile; one task."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(1, d)
+        norm32 = pypto.reshape(norm, [1, d])
+        pypto.set_vec_tile_shapes(rows, d)
+        kv32 = pypto.view(kv_all, [rows, d], [j * rows, 0], valid_shape=[valid, d])
+        kv32 = pypto.cast(pypto.cast(kv32, pypto.DT_BF16), pypto.DT_FP32)
+        return rms_norm_rows(pypto, kv32, norm32, rows, valid, d, eps)
+
+
+def _kv_stage(pypto, latent, rows, valid, start, active, position_ids, compressed_slots,
+              freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale, dm, lowest, switches):
+    """RoPE'd MXFP4 KV of a tile's latents and its rows' writes: one task.  Returns the
+    rotated latent (the index projection's input of the ``index_from_rotated`` variant)."""
+    d, rd = dm["head_dim"], dm["rope_dim"]
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(min(rows, 8), d)
+        latent = pypto.view(latent, [rows, d], [0, 0], valid_shape=[valid, d])
+        pypto.set_vec_tile_shapes(rows)
+        pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
+        rot_kv = _rope_full32(pypto, latent, freqs_cos, freqs_sin, pos, rows, valid, d, rd)
+        vals, scodes = mx_fp4.quantize_tile(pypto, rot_kv, rows, valid, d, dm["kv_group"],
+                                            "e4m3", toward_zero="fp4_toward_zero" in switches,
+                                            group_rows=GROUP_ROWS, rows4d=True)
+        lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows,
+                                  lowest)
+        _publish_rows(pypto, vals, scodes, compressed_kv, compressed_kv_scale, lives, slots,
+                      rows)
+    return rot_kv
+
+
+def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
+               index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
+               switches):
+    """Index key of one tile from its FP32 projection: RMSNorm, RoPE, MXFP4, row writes;
+    one task."""
+    di, rd = dm["index_dim"], dm["rope_dim"]
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(1, di)
+        index_norm32 = pypto.reshape(index_norm, [1, di])
+        pypto.set_vec_tile_shapes(min(rows, 8), di)
+        k32 = pypto.view(k32, [rows, di], [0, 0], valid_shape=[valid, di])
+        k32 = pypto.cast(pypto.cast(k32, pypto.DT_BF16), pypto.DT_FP32)
+        key = rms_norm_rows(pypto, k32, index_norm32, rows, valid, di, eps)
+        pypto.set_vec_tile_shapes(rows)
+        pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
+        cos_f, sin_f = rope_factors(pypto, freqs_cos, freqs_sin, pos, rows, valid, rd)
+        partner = partner_index(pypto, rd)
+        rot_key = rope_tail(pypto, key, cos_f, sin_f, partner, rows, valid, di, rd)
+        vals, scodes = mx_fp4.quantize_tile(pypto, rot_key, rows, valid, di, dm["ik_group"],
+                                            "e8m0", toward_zero="fp4_toward_zero" in switches,
+                                            group_rows=GROUP_ROWS, rows4d=True)
+        lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows,
+                                  lowest)
+        _publish_rows(pypto, vals, scodes, index_key, index_key_scale, lives, slots, rows)
+
+
+def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, eps, lowest,
+                    switches):
+    """Encode tile ``j`` of a projection tile: KV stage, index projection, key stage."""
+    (position_ids, compressed_slots, norm, index_wk, index_norm, freqs_cos, freqs_sin,
+     compressed_kv, compressed_kv_scale, index_key, index_key_scale) = x_args
+    start = pstart + j * rows
+    valid = (pvalid - j * rows).min(rows)
+    latent = _latent_stage(pypto, kv_all, j, rows, valid, norm, dm["head_dim"], eps)
+    rot_kv = _kv_stage(pypto, latent, rows, valid, start, active, position_ids,
+                       compressed_slots, freqs_cos, freqs_sin, compressed_kv,
+                       compressed_kv_scale, dm, lowest, switches)
+    if "index_from_rotated" in switches:
+        pypto.set_vec_tile_shapes(min(rows, 8), dm["head_dim"])
+        src = pypto.cast(rot_kv, pypto.DT_BF16)
+    else:
+        src = latent
+    pypto.set_vec_tile_shapes(min(rows, 8), min(dm["head_dim"], 512))
+    pypto.set_cube_tile_shapes([16, 16], [64, K_STEP], [INDEX_N, INDEX_N])
+    k32 = pypto.matmul(src, index_wk, pypto.DT_FP32)  # [rows, di]
+    _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
+               index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
+               switches)
+
+
+def projection_k_tiles(hidden: int) -> list:
+    """``[k0, kL1A, kL1B]`` of the projection: x's whole row tile and wkv in PROJ_K_B-row
+    pieces when both fit L1 and the interpreter's K piece ``gcd(kL1A, kL1B)`` stays
+    K_STEP (or the whole K when ``hidden`` is at most K_STEP); else K_STEP pieces of both."""
+    fits = (PROJ_ROWS * hidden + PROJ_K_B * PROJ_N) * 2 <= L1_BYTES
+    same_sums = hidden <= K_STEP or math.gcd(hidden, PROJ_K_B) == K_STEP
+    if fits and same_sums and hidden % K_STEP == 0:
+        return [64, hidden, PROJ_K_B]
+    return [64, K_STEP, K_STEP]
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``compressor_ratio1(x, wkv, norm, index_wk, index_norm, freqs_cos,
@@ -120,10 +302,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     cap, blocks, bs = dm["capacity"], dm["blocks"], dm["block_size"]
     kvb, kvg, ikb, ikg = dm["kv_bytes"], dm["kv_groups"], dm["ik_bytes"], dm["ik_groups"]
     eps = float(config.rms_norm_eps)
-    tokens_hint = dm["tokens"]
-    big = tokens_hint > BIG_ROWS_FROM and hidden * d * 2 >= BIG_WEIGHT_BYTES
-    rows = row_tile(tokens_hint, ROWS_MAX) if big else ROW_TILE
-    m_tile = max(rows, 16)
+    prow, rows = PROJ_ROWS, ROW_TILE
+    k_tiles = projection_k_tiles(hidden)
     switches = frozenset({variant})
     lowest_pos = -(2 ** 30) if variant == "negative_positions_publish" else 0
     options = jit_options(runtime_options)
@@ -147,40 +327,17 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         index_key_scale: pypto.Tensor([blocks, bs, 1, ikg], pypto.DT_UINT8),
     ):
         active = num_tokens[0]
-        pypto.set_vec_tile_shapes(1, d)
-        norm32 = pypto.reshape(norm, [1, d])
-        pypto.set_vec_tile_shapes(1, di)
-        index_norm32 = pypto.reshape(index_norm, [1, di])
-        pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [64, 256])
-        for i in pypto.loop((active + rows - 1) // rows, name="C1_TILES", idx_name="i"):
-            start = i * rows
-            valid = (active - start).min(rows)
-            pypto.set_vec_tile_shapes(min(rows, 8), min(hidden, 512))
-            xt = pypto.view(x, [rows, hidden], [start, 0], valid_shape=[valid, hidden])
-            kv32 = pypto.matmul(xt, wkv, pypto.DT_FP32)  # [rows, d]
-            pypto.set_vec_tile_shapes(min(rows, 8), d)
-            kv32 = pypto.cast(pypto.cast(kv32, pypto.DT_BF16), pypto.DT_FP32)
-            latent = rms_norm_rows(pypto, kv32, norm32, rows, valid, d, eps)
-            pypto.set_vec_tile_shapes(rows)
-            pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
-            kv_p, kv_s, ik_p, ik_s = encode_tile(
-                pypto, latent, pos, freqs_cos=freqs_cos, freqs_sin=freqs_sin,
-                index_wk=index_wk, index_norm32=index_norm32, rows=rows, valid=valid,
-                dims=dm, eps=eps, variant=switches)
-            pypto.set_vec_tile_shapes(8, d)
-            for r in pypto.loop(valid, name="C1_ROWS", idx_name="r"):
-                slot = compressed_slots[start + r]
-                p = position_ids[start + r]
-                if slot >= 0:
-                    if p >= lowest_pos:
-                        at = [slot // bs, slot % bs, 0, 0]
-                        pypto.assemble(pypto.reshape(pypto.view(kv_p, [1, kvb], [r, 0]),
-                                                     [1, 1, 1, kvb]), at, compressed_kv)
-                        pypto.assemble(pypto.reshape(pypto.view(kv_s, [1, kvg], [r, 0]),
-                                                     [1, 1, 1, kvg]), at, compressed_kv_scale)
-                        pypto.assemble(pypto.reshape(pypto.view(ik_p, [1, ikb], [r, 0]),
-                                                     [1, 1, 1, ikb]), at, index_key)
-                        pypto.assemble(pypto.reshape(pypto.view(ik_s, [1, ikg], [r, 0]),
-                                                     [1, 1, 1, ikg]), at, index_key_scale)
+        for i in pypto.loop((active + prow - 1) // prow, name="C1_PROJ", idx_name="i"):
+            pstart = i * prow
+            pvalid = (active - pstart).min(prow)
+            pypto.set_vec_tile_shapes(min(prow, 8), min(hidden, 512))
+            xt = pypto.view(x, [prow, hidden], [pstart, 0], valid_shape=[pvalid, hidden])
+            pypto.set_cube_tile_shapes([prow, prow], k_tiles, [PROJ_N, PROJ_N])
+            kv_all = pypto.matmul(xt, wkv, pypto.DT_FP32)  # [prow, d]
+            for j in pypto.loop((pvalid + rows - 1) // rows, name="C1_TILES", idx_name="j"):
+                _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active,
+                                (position_ids, compressed_slots, norm, index_wk, index_norm,
+                                 freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale,
+                                 index_key, index_key_scale), dm, eps, lowest_pos, switches)
 
     return compressor_ratio1

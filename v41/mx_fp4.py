@@ -81,8 +81,9 @@ def e4m3_scale(pypto, amax):
     return codes, values
 
 
-def pack_pairs(pypto, codes, rows, d):
-    """uint8 ``[rows, d/2]`` bytes ``lo + 16 * hi`` of FP32 nibble codes ``[rows, d]``."""
+def pack_pairs(pypto, codes, rows, d, *, as_uint8=True):
+    """uint8 ``[rows, d/2]`` bytes ``lo + 16 * hi`` of FP32 nibble codes ``[rows, d]``
+    (their FP32 values when not ``as_uint8``)."""
     half = d // 2
     pypto.set_vec_tile_shapes(half)
     even = pypto.cast(pypto.mul(pypto.arange(0.0, float(half), 1.0), 2.0), pypto.DT_INT32)
@@ -91,35 +92,46 @@ def pack_pairs(pypto, codes, rows, d):
     lo = pypto.index_select(codes, 1, even)
     hi = pypto.index_select(codes, 1, odd)
     pypto.set_vec_tile_shapes(min(rows, 8), half)
-    return pypto.cast(pypto.add(lo, pypto.mul(hi, 16.0)), pypto.DT_UINT8)
+    packed = pypto.add(lo, pypto.mul(hi, 16.0))
+    return pypto.cast(packed, pypto.DT_UINT8) if as_uint8 else packed
 
 
-def quantize_tile(pypto, x, rows, valid, d, group, scale_format, *, toward_zero=False):
-    """``(packed uint8 [rows, d/2], scale codes uint8 [rows, d/group])`` of a BF16 tile
-    whose first ``valid`` rows are real; ``scale_format`` ``"e4m3"`` or ``"e8m0"``."""
+def quantize_tile(pypto, x, rows, valid, d, group, scale_format, *, toward_zero=False,
+                  group_rows=64, rows4d=False):
+    """``(packed uint8 [rows, d/2], scale codes uint8 [rows, d/group])`` of a BF16 (or FP32)
+    tile whose first ``valid`` rows are real; ``scale_format`` ``"e4m3"`` or ``"e8m0"``.
+    ``group_rows``: groups per vector tile of the per-group steps.  ``rows4d``: the byte
+    values and scale codes left in FP32 as ``[rows, 1, 1, d/2]`` / ``[rows, 1, 1, d/group]``
+    (a 4-D cache's row layout: each row leaves by one uint8 cast and one copy-out)."""
     if scale_format not in ("e4m3", "e8m0"):
         raise ValueError(f"scale_format: {scale_format!r} is not 'e4m3' or 'e8m0'")
     n = rows * d // group
     gpr = d // group
     pypto.set_vec_tile_shapes(min(rows, 8), d)
-    xf = pypto.cast(x, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(min(n, 64), group)
+    xf = x if x.dtype == pypto.DT_FP32 else pypto.cast(x, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(min(n, group_rows), group)
     xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
-    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    pypto.set_vec_tile_shapes(min(n, group_rows), 8)
     if scale_format == "e8m0":
         e = e8m0_exponent(pypto, amax)
         scode = pypto.add(e, float(E8M0_BIAS))
-        pypto.set_vec_tile_shapes(min(n, 64), group)
+        pypto.set_vec_tile_shapes(min(n, group_rows), group)
         v = pypto.mul(xg, pow2(pypto, pypto.mul(e, -1.0)))  # exact: x / 2^e
     else:
         scode, scale = e4m3_scale(pypto, amax)
-        pypto.set_vec_tile_shapes(min(n, 64), group)
+        pypto.set_vec_tile_shapes(min(n, group_rows), group)
         v = pypto.div(xg, pypto.expand_clone(scale, [n, group], valid_shape=[valid * gpr, group]))
     codes = e2m1_codes(pypto, v, toward_zero=toward_zero)
     pypto.set_vec_tile_shapes(min(rows, 8), d)
     codes = pypto.reshape(codes, [rows, d], valid_shape=[valid, d])
-    packed = pack_pairs(pypto, codes, rows, d)
+    packed = pack_pairs(pypto, codes, rows, d, as_uint8=not rows4d)
+    if rows4d:
+        half = d // 2
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, half)
+        packed = pypto.reshape(packed, [rows, 1, 1, half], valid_shape=[valid, 1, 1, half])
+        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(gpr, 32))
+        return packed, pypto.reshape(scode, [rows, 1, 1, gpr], valid_shape=[valid, 1, 1, gpr])
     pypto.set_vec_tile_shapes(min(rows, 8), gpr)
     scodes = pypto.cast(pypto.reshape(scode, [rows, gpr], valid_shape=[valid, gpr]), pypto.DT_UINT8)
     return packed, scodes
