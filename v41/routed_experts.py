@@ -22,8 +22,8 @@ differs from the golden's FP64 accumulation with one rounding, far inside the co
 per-row bound.  An expert without rows runs zero row tiles, so its weights are never read;
 an expert's weights are decoded once per row tile of its rows (once per expert at decode
 sizes: 192 tokens x 6 / 384 experts is about 3 rows per expert).  The ``I_TILE`` blocks of
-``h`` are whole MX groups, so ``MX(h)`` is quantized block by block (a ``pypto.loop``
-over the blocks) into the scratch output ``h_mx`` (row ``r``: the even columns of
+``h`` are whole MX groups, so ``MX(h)`` is quantized block by block (unrolled at trace
+time) into the scratch output ``h_mx`` (row ``r``: the even columns of
 ``MX(h)``, then the odd ones; rows of no expert are left unwritten), which the W2 loop
 reads back as two ``[rows, inter/2]`` operands (an in-kernel ``pypto.tensor`` written by
 one loop and read by a sibling loop crashed the simulator with an invalid slot index).
@@ -43,7 +43,13 @@ the cube sat idle through each submission's decode wave.  Moving it to phase 1 t
 FLASH EP8 rank (46 experts, 166 rows) from 4,967 to 3,901 us, splitting off phase 3 to
 3,774 us, and forcing each row tile's ``MX(x)`` into one task (its chain of small tasks
 queued behind the decodes too) to 3,709 us; reading each weight tile's scale column whole
-(:mod:`v41.mx_fp4_decode`) took it to 3,225 us.
+(:mod:`v41.mx_fp4_decode`) took it to 3,225 us.  The ``I_TILE`` blocks of phase 2 and the
+``D_TILE`` blocks of phase 3 are unrolled at trace time, so a row tile of an expert is one
+function: with a loop per block a 48-expert launch was 1 + 162 + 180 functions, stitched
+128 at a time into three submissions that the runtime ran one after another (each a vector
+decode wave, then a cube wave); now it is one submission, whose W2 decodes overlap the
+W1/W3 products (FLASH EP4 T=24 case 3,333.9 -> 2,649.9 us; rank 0's first 48-expert
+launch 3.10 M -> 2.56 M cycles).
 
 Applying the route weight after W2 instead is the same product up to rounding (``MX(h*w)``
 vs ``MX(h)*w``): measured at TINY it stays inside the per-row bound, so the comparison
@@ -224,7 +230,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for i in pypto.loop((e - s + rows - 1) // rows, name="RE_ROWS", idx_name="i"):
                 start = s + i * rows
                 valid = (e - start).min(rows)
-                for p in pypto.loop(inter // it, name="RE_GU", idx_name="p"):
+                for p in range(inter // it):  # unrolled at trace time (one function per row tile)
                     gu = []
                     for w, ws in ((w1, w1_scale), (w3, w3_scale)):
                         lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w, ws, tables, j, p * it,
@@ -266,7 +272,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for i in pypto.loop((e - s + rows - 1) // rows, name="RE_ROWS2", idx_name="i"):
                 start = s + i * rows
                 valid = (e - start).min(rows)
-                for nt in pypto.loop(d // dt, name="RE_W2", idx_name="nt"):
+                for nt in range(d // dt):  # unrolled at trace time
                     # all of K at once: h_mx holds MX(h)'s even columns, then its odd ones
                     lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w2, w2_scale, tables, j,
                                                          nt * dt, dt)
