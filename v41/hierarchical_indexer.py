@@ -9,11 +9,13 @@ possibly partial block) is pinned above every score when ``n > 0``; the best
 wins, :func:`v41.rank_select.select`), minus blocks whose score is ``-inf``; the output is
 the position mask (1 on every position of a kept block, 0 elsewhere).
 
-Kernel algorithm (per token): ``-inf`` is mapped to ``MASKED`` by a ``maximum``; the block
-maxima are ``cbs`` column gathers (``index_select`` of positions ``b*cbs + i``) combined by
-``maximum``; the pin is an exact FP32 compare of the block index with
+Kernel algorithm (per token): the block maxima are one gather of the input row in
+member-major order (column ``i*blocks + b`` holds position ``b*cbs + i``) and a ``maximum``
+over the ``cbs`` column slices, then ``-inf`` is mapped to ``MASKED`` by a ``maximum`` (the
+same values as mapping first); the pin is an exact FP32 compare of the block index with
 ``floor((n - 1 + 1/2) / cbs)`` (``-1`` when ``n = 0``); the kept blocks go back to positions
-with one gather of ``position // cbs``.
+with one gather of ``position // cbs``.  Each task is one subgraph of whole tokens (``ROWS``
+per task once tokens exceed ``WAVE``, else one), constants recomputed in every task.
 
 ABI
 ---
@@ -32,12 +34,21 @@ candidate_mask    (tokens, width)    uint8    out
 # parameter annotations as objects.
 from v41 import rank_select
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.subgraph import one_subgraph
 
-# Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
-# tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
-# FLASH TP4 T=192 389 -> 311 us, T=512 1,038 -> 829 us, T=3 39.5 -> 36.1 us; TINY 28.9 ->
-# 32.8 us (merging 4 was worse at T=192: 470 us).
-PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
+# Tokens per task (at most): 4 fits the UB at FLASH width; 5 was better at T=512 (24.9 us)
+# but worse at T=192 (11.2 us), 8 did not compile.  WAVE: the A5 vector cores (one wave of
+# single-token tasks is the fastest while tokens <= WAVE).
+ROWS = 4
+WAVE = 56
+
+# No pass options: each task is one ``one_subgraph`` scope of ROWS whole tokens (FLASH TP4
+# T=192 225 -> 9.5 us, T=512 438 -> 33 us, T=3 36 -> 3.2 us); the former
+# ``vec_nbuffer_setting {-2: 1, -1: 2}`` merge doubled T=192 on top of the scopes.  9.5 us is
+# below the 22.0 us roofline of the bytes: the cost model charges the gather that reads each
+# score row straight from global memory as vector work, not at HBM bandwidth, so on a card
+# the roofline is the bound to expect.
+PASS_OPTIONS = {}
 
 PIN = 3.0e38  # the newest block's score: above every finite score
 
@@ -75,6 +86,75 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+def _consts(pypto, width, nb, keep, cbs, first, variant):
+    """Per-task constants (recomputed in every task: a hoisted constant is a task that every
+    token task waits on)."""
+    c = {}
+    pypto.set_vec_tile_shapes(nb)
+    c["bidx1"] = bidx1 = pypto.arange(0.0, float(nb), 1.0)
+    pypto.set_vec_tile_shapes(keep)
+    kio1 = pypto.arange(0.0, float(keep), 1.0)
+    pypto.set_vec_tile_shapes(width)
+    pos1 = pypto.arange(0.0, float(width), 1.0)
+    c["block_of"] = pypto.cast(pypto.floor(pypto.mul(pos1, 1.0 / cbs)), pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(1, nb)
+    bidx = pypto.reshape(bidx1, [1, nb])
+    if variant == "higher_ties":
+        c["rev"] = pypto.add(bidx, 1.0)
+    else:
+        c["rev"] = pypto.add(pypto.mul(bidx, -1.0), float(nb))
+    pypto.set_vec_tile_shapes(1, keep)
+    c["kio"] = pypto.reshape(kio1, [1, keep])
+    # member-major gather index: column i*nb + b holds position b*cbs + first + i
+    m = c["m"] = cbs - first
+    pypto.set_vec_tile_shapes(nb * ((m + 1) // 2))  # 2 tiles: a [32768] FP32 cast overflows UB
+    j = pypto.arange(0.0, float(nb * m), 1.0)
+    member = pypto.floor(pypto.mul(j, 1.0 / nb))
+    block = pypto.add(j, pypto.mul(member, -float(nb)))
+    c["perm"] = pypto.cast(pypto.add(pypto.add(pypto.mul(block, float(cbs)), member),
+                                     float(first)), pypto.DT_INT32)
+    return c
+
+
+def _row(pypto, c, scores, compressed_lens, candidate_mask, t, width, nb, keep, cbs, variant):
+    """One token's row."""
+    m = c["m"]
+    # one gather (one index copy-out) straight from the input row; the -inf -> MASKED map
+    # after the maximum (monotone: the same values as mapping first)
+    pypto.set_vec_tile_shapes(1, m * nb)  # one tile: the lowered verifier refuses a split one
+    g = pypto.index_select(pypto.view(scores, [1, width], [t, 0]), 1, c["perm"])
+    pypto.set_vec_tile_shapes(1, nb)
+    best = pypto.view(g, [1, nb], [0, 0])
+    for i in range(1, m):
+        best = pypto.maximum(best, pypto.view(g, [1, nb], [0, i * nb]))
+    best = pypto.maximum(best, rank_select.MASKED)
+    if variant != "no_pin":
+        # 1-D until the flag row: a [1] -> [1, 1] reshape goes through global memory
+        pypto.set_vec_tile_shapes(8)
+        lv = pypto.cast(pypto.view(compressed_lens, [1], [t]), pypto.DT_FP32)
+        newest = pypto.floor(pypto.mul(pypto.add(lv, -0.5), 1.0 / cbs))
+        pypto.set_vec_tile_shapes(nb)
+        pinned = pypto.where(pypto.eq(c["bidx1"], pypto.expand_clone(newest, [nb])), 1.0, 0.0)
+        pypto.set_vec_tile_shapes(1, nb)
+        best = pypto.where(pypto.gt(pypto.reshape(pinned, [1, nb]), 0.5), PIN, best)
+    chosen = rank_select.select(pypto, best, c["rev"], c["kio"], nb, keep)
+    flags = pypto.cast(chosen, pypto.DT_FP16)  # 0/1: exact; a narrower gather and cast
+    pypto.set_vec_tile_shapes(1, width)
+    mask = pypto.index_select(flags, 1, c["block_of"])
+    pypto.assemble(pypto.cast(mask, pypto.DT_UINT8), [t, 0], candidate_mask)
+
+
+def _tokens(pypto, t0, rows, scores, compressed_lens, candidate_mask, width, nb, keep, cbs,
+            first, variant):
+    """The rows ``t0 .. t0 + rows - 1`` as one task (a module-level helper: ``with`` is
+    refused in the jit body)."""
+    with one_subgraph(pypto):
+        c = _consts(pypto, width, nb, keep, cbs, first, variant)
+        for r in range(rows):
+            _row(pypto, c, scores, compressed_lens, candidate_mask, t0 + r, width, nb, keep, cbs,
+                 variant)
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``hierarchical_indexer(scores, compressed_lens, candidate_mask)``."""
@@ -95,43 +175,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         candidate_mask: pypto.Tensor([tokens_dim, width], pypto.DT_UINT8),
     ):
         tokens = scores.shape[0]
-        pypto.set_vec_tile_shapes(nb)
-        bidx1 = pypto.arange(0.0, float(nb), 1.0)
-        members = []
-        for i in range(first, cbs):  # position b*cbs + i of every block b
-            members.append(pypto.cast(pypto.add(pypto.mul(bidx1, float(cbs)), float(i)),
-                                      pypto.DT_INT32))
-        pypto.set_vec_tile_shapes(keep)
-        kio1 = pypto.arange(0.0, float(keep), 1.0)
-        pypto.set_vec_tile_shapes(width)
-        pos1 = pypto.arange(0.0, float(width), 1.0)
-        block_of = pypto.cast(pypto.floor(pypto.mul(pos1, 1.0 / cbs)), pypto.DT_INT32)
-        pypto.set_vec_tile_shapes(1, nb)
-        bidx = pypto.reshape(bidx1, [1, nb])
-        if variant == "higher_ties":
-            rev = pypto.add(bidx, 1.0)
-        else:
-            rev = pypto.add(pypto.mul(bidx, -1.0), float(nb))
-        pypto.set_vec_tile_shapes(1, keep)
-        kio = pypto.reshape(kio1, [1, keep])
-        for t in pypto.loop(tokens, name="CAND_TOKENS", idx_name="t"):
-            pypto.set_vec_tile_shapes(1, width)
-            s = pypto.maximum(pypto.view(scores, [1, width], [t, 0]), rank_select.MASKED)
-            pypto.set_vec_tile_shapes(1, nb)
-            best = pypto.index_select(s, 1, members[0])
-            for i in range(1, len(members)):
-                best = pypto.maximum(best, pypto.index_select(s, 1, members[i]))
-            if variant != "no_pin":
-                pypto.set_vec_tile_shapes(8)
-                lv = pypto.cast(pypto.view(compressed_lens, [1], [t]), pypto.DT_FP32)
-                pypto.set_vec_tile_shapes(1, nb)
-                newest = pypto.floor(pypto.mul(pypto.add(pypto.reshape(lv, [1, 1]), -0.5),
-                                               1.0 / cbs))
-                best = pypto.where(pypto.eq(bidx, pypto.expand_clone(newest, [1, nb])), PIN,
-                                   best)
-            chosen = rank_select.select(pypto, best, rev, kio, nb, keep)
-            pypto.set_vec_tile_shapes(1, width)
-            mask = pypto.index_select(chosen, 1, block_of)
-            pypto.assemble(pypto.cast(mask, pypto.DT_UINT8), [t, 0], candidate_mask)
+        args = (scores, compressed_lens, candidate_mask, width, nb, keep, cbs, first, variant)
+        # k tasks of ROWS tokens, then one task per token: as many tasks as vector cores
+        # while tokens allow (one wave), ROWS-token tasks only past that
+        k = ((tokens - WAVE).max(0) + ROWS - 2) // (ROWS - 1)
+        k = k.min(tokens // ROWS)
+        for g in pypto.loop(k, name="CAND_TOKENS", idx_name="g"):
+            _tokens(pypto, g * ROWS, ROWS, *args)
+        for r in pypto.loop(tokens - k * ROWS, name="CAND_TAIL", idx_name="r"):
+            _tokens(pypto, k * ROWS + r, 1, *args)
 
     return hierarchical_indexer
