@@ -29,15 +29,19 @@ def rms_norm_rows(pypto, x32, weight32, rows, valid, width, eps):
     return pypto.cast(y, pypto.DT_BF16)
 
 
+def table_rows(pypto, freqs_cos, freqs_sin, positions, rows, rd):
+    """FP32 ``(cos, sin)`` ``[rows, rd / 2]``: the tables' rows at INT32 ``positions
+    [rows]`` (a negative position reads row 0)."""
+    pypto.set_vec_tile_shapes(rows)
+    safe = pypto.maximum(positions, 0)
+    pypto.set_vec_tile_shapes(rows, rd // 2)
+    return pypto.index_select(freqs_cos, 0, safe), pypto.index_select(freqs_sin, 0, safe)
+
+
 def rope_factors(pypto, freqs_cos, freqs_sin, positions, rows, valid, rd):
     """FP32 ``(cos, signed sin)`` ``[rows, rd]`` for INT32 ``positions [rows]``: column
     ``j`` holds ``cos[p, j // 2]`` and ``(-1)^(j+1) sin[p, j // 2]``."""
-    half = rd // 2
-    pypto.set_vec_tile_shapes(rows)
-    safe = pypto.maximum(positions, 0)
-    pypto.set_vec_tile_shapes(rows, half)
-    cos_h = pypto.index_select(freqs_cos, 0, safe)
-    sin_h = pypto.index_select(freqs_sin, 0, safe)
+    cos_h, sin_h = table_rows(pypto, freqs_cos, freqs_sin, positions, rows, rd)
     pypto.set_vec_tile_shapes(rd)
     col = pypto.arange(0.0, float(rd), 1.0)
     pair = pypto.floor(pypto.mul(col, 0.5))

@@ -67,7 +67,8 @@ import math
 
 from v41 import mx_fp4
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.compressor_common import partner_index, rms_norm_rows, rope_factors, rope_tail
+from v41.compressor_common import (partner_index, rms_norm_rows, rope_factors, rope_tail,
+                                   table_rows)
 from v41.cube_tiles import L1_BYTES
 from v41.subgraph import one_subgraph
 
@@ -135,12 +136,7 @@ def _rope_full32(pypto, x, freqs_cos, freqs_sin, positions, rows, valid, width, 
     ``where``, so no concatenation goes through global memory.  The rotated columns run the
     same FP32 operations as ``rope_tail``; the others are ``x`` itself."""
     nope = width - rd
-    half = rd // 2
-    pypto.set_vec_tile_shapes(rows)
-    safe = pypto.maximum(positions, 0)
-    pypto.set_vec_tile_shapes(rows, half)
-    cos_h = pypto.index_select(freqs_cos, 0, safe)
-    sin_h = pypto.index_select(freqs_sin, 0, safe)
+    cos_h, sin_h = table_rows(pypto, freqs_cos, freqs_sin, positions, rows, rd)
     pypto.set_vec_tile_shapes(width)
     col = pypto.arange(0.0, float(width), 1.0)
     rel = pypto.maximum(pypto.add(col, -float(nope)), 0.0)  # tail column j - nope, else 0
@@ -194,6 +190,19 @@ def _row_slots(compressed_slots, position_ids, start, active, valid, rows, lowes
     return lives, slots
 
 
+def _encode_rows(pypto, x, rows, valid, width, group, scale_format, switches, where, cache,
+                 cache_scale):
+    """MXFP4 of the tile ``x`` (:func:`v41.mx_fp4.quantize_tile`) and its live rows' writes
+    into ``cache`` / ``cache_scale``; ``where`` is ``(compressed_slots, position_ids, start,
+    active, lowest)``."""
+    compressed_slots, position_ids, start, active, lowest = where
+    vals, scodes = mx_fp4.quantize_tile(pypto, x, rows, valid, width, group, scale_format,
+                                        toward_zero="fp4_toward_zero" in switches,
+                                        group_rows=GROUP_ROWS, rows4d=True)
+    lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows, lowest)
+    _publish_rows(pypto, vals, scodes, cache, cache_scale, lives, slots, rows)
+
+
 def _latent_stage(pypto, kv_all, j, rows, valid, norm, d, eps):
     """BF16 latent ``RMSNorm(bf16(x @ wkv))`` of tile ``j`` of a projection tile; one task."""
     with one_subgraph(pypto):
@@ -216,13 +225,9 @@ def _kv_stage(pypto, latent, rows, valid, start, active, position_ids, compresse
         pypto.set_vec_tile_shapes(rows)
         pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
         rot_kv = _rope_full32(pypto, latent, freqs_cos, freqs_sin, pos, rows, valid, d, rd)
-        vals, scodes = mx_fp4.quantize_tile(pypto, rot_kv, rows, valid, d, dm["kv_group"],
-                                            "e4m3", toward_zero="fp4_toward_zero" in switches,
-                                            group_rows=GROUP_ROWS, rows4d=True)
-        lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows,
-                                  lowest)
-        _publish_rows(pypto, vals, scodes, compressed_kv, compressed_kv_scale, lives, slots,
-                      rows)
+        _encode_rows(pypto, rot_kv, rows, valid, d, dm["kv_group"], "e4m3", switches,
+                     (compressed_slots, position_ids, start, active, lowest),
+                     compressed_kv, compressed_kv_scale)
     return rot_kv
 
 
@@ -244,12 +249,9 @@ def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_
         cos_f, sin_f = rope_factors(pypto, freqs_cos, freqs_sin, pos, rows, valid, rd)
         partner = partner_index(pypto, rd)
         rot_key = rope_tail(pypto, key, cos_f, sin_f, partner, rows, valid, di, rd)
-        vals, scodes = mx_fp4.quantize_tile(pypto, rot_key, rows, valid, di, dm["ik_group"],
-                                            "e8m0", toward_zero="fp4_toward_zero" in switches,
-                                            group_rows=GROUP_ROWS, rows4d=True)
-        lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows,
-                                  lowest)
-        _publish_rows(pypto, vals, scodes, index_key, index_key_scale, lives, slots, rows)
+        _encode_rows(pypto, rot_key, rows, valid, di, dm["ik_group"], "e8m0", switches,
+                     (compressed_slots, position_ids, start, active, lowest),
+                     index_key, index_key_scale)
 
 
 def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, eps, lowest,
