@@ -81,10 +81,11 @@ def nibble_constants(pypto, group):
     return byte_of, pypto.reshape(off, [1, group])
 
 
-def _slots(pypto, ids, keys, groups, key_of, fp32_rows, t):
-    """INT32 ``[keys * groups]``: slot ``max(id, 0) * groups + lane`` of every group, in
-    1-D tiles of ``t``.  The lane comes from an ``arange`` in the tile: a loop-invariant
-    lane tensor would be copied in again for every tile."""
+def group_slots(pypto, ids, keys, groups, key_of, fp32_rows, t):
+    """``(safe, slot)``: INT32 ``[keys]`` row ids ``max(id, 0)`` and INT32 ``[keys * groups]``
+    slot ``safe * groups + lane`` of every group, in 1-D tiles of ``t``.  The lane comes from
+    an ``arange`` in the tile: a loop-invariant lane tensor would be copied in again for
+    every tile."""
     n = keys * groups
     pypto.set_vec_tile_shapes(1, keys)
     safe = pypto.reshape(pypto.maximum(ids, 0), [keys])
@@ -94,12 +95,12 @@ def _slots(pypto, ids, keys, groups, key_of, fp32_rows, t):
                                      float(groups)))
     if fp32_rows:  # deliberately wrong: the slot in FP32
         srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, key_of)
-        return pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
-    return pypto.add(pypto.mul(pypto.index_select(safe, 0, key_of), groups),
-                     pypto.cast(lane, pypto.DT_INT32))
+        return safe, pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
+    return safe, pypto.add(pypto.mul(pypto.index_select(safe, 0, key_of), groups),
+                           pypto.cast(lane, pypto.DT_INT32))
 
 
-def _scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows):
+def scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows):
     """``(slot, scale bytes)`` INT32 / uint8 ``[keys * groups]``: the slots and the 1-D gather
     of the flat scale table, in one tile and outside the decode's forced subgraph.  Inside
     it, the gather fails pypto 0.2.0's TuneSyncForVF pass (``Cannot find GATHER in
@@ -109,7 +110,7 @@ def _scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows):
     small tasks (FLASH TP4 T=192 sparse_attention 1,302 us against 448)."""
     n = keys * groups
     tile = min(n, 2 * TILE_ELEMS)
-    slot = _slots(pypto, ids, keys, groups, key_of, fp32_rows, tile)
+    _, slot = group_slots(pypto, ids, keys, groups, key_of, fp32_rows, tile)
     pypto.set_vec_tile_shapes(tile)
     return slot, pypto.index_select(scales, 0, slot)
 
@@ -134,7 +135,7 @@ def window_keys(pypto, ids, payload, scales, table, key_of, keys, d, group, *,
     :func:`slot_constants`."""
     g = d // group
     n, t = keys * g, min(keys * g, group_rows(group))
-    slot, sc = _scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
+    slot, sc = scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(t)
         pw = mx_decode.e8m0_pow2(pypto, sc)
@@ -158,7 +159,7 @@ def fp4_keys(pypto, ids, payload, scales, table, key_of, nibbles, keys, d, group
     g = d // group
     n, t = keys * g, min(keys * g, group_rows(group))
     byte_of, offset = nibbles
-    slot, sc = _scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
+    slot, sc = scale_bytes(pypto, ids, keys, g, key_of, scales, fp32_rows)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(t)
         if scale_e8m0:

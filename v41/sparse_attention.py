@@ -329,26 +329,16 @@ def _scale_values(pypto, ids, keys, groups, key_of, scales, fp32_rows, e4m3):
     """``(safe, scale)``: INT32 ``[keys]`` row ids ``max(id, 0)`` (the cache row each key
     reads; -1 reads row 0 and is masked by the caller) and FP32 ``[keys * groups]`` each
     group's scale value (E8M0 power or, with ``e4m3``, E4M3 value) from the 1-D gather of
-    the flat scale table at the slots of :func:`v41.kv_decode._scale_bytes`, outside the
+    the flat scale table at the slots of :func:`v41.kv_decode.scale_bytes`, outside the
     decode's forced subgraph (whose pitfalls that function names).  The decode gathers the
     values from global memory, so nothing is reshaped on chip."""
     n = keys * groups
     if keys < SHARED_ROWS_KEYS:
-        _, sc = kv_decode._scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows)
+        _, sc = kv_decode.scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows)
         safe = None
-    else:  # kv_decode._slots, with its row ids kept for the payload gather
-        pypto.set_vec_tile_shapes(1, keys)
-        safe = pypto.reshape(pypto.maximum(ids, 0), [keys])
-        pypto.set_vec_tile_shapes(min(n, 2 * kv_decode.TILE_ELEMS))
-        iota = pypto.arange(0.0, float(n), 1.0)
-        lane = pypto.sub(iota, pypto.mul(pypto.floor(pypto.mul(pypto.add(iota, 0.5),
-                                                                1.0 / groups)), float(groups)))
-        if fp32_rows:  # deliberately wrong: the slot in FP32
-            srep = pypto.index_select(pypto.cast(safe, pypto.DT_FP32), 0, key_of)
-            slot = pypto.cast(pypto.add(pypto.mul(srep, float(groups)), lane), pypto.DT_INT32)
-        else:
-            slot = pypto.add(pypto.mul(pypto.index_select(safe, 0, key_of), groups),
-                             pypto.cast(lane, pypto.DT_INT32))
+    else:  # the same slots, with the row ids kept for the payload gather
+        safe, slot = kv_decode.group_slots(pypto, ids, keys, groups, key_of, fp32_rows,
+                                           min(n, 2 * kv_decode.TILE_ELEMS))
         sc = pypto.index_select(scales, 0, slot)
     pypto.set_vec_tile_shapes(min(n, SCALE_TILE))
     sv = (mx_decode.e4m3_values(pypto, mx_decode.unsigned_codes(pypto, sc)) if e4m3
