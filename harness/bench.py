@@ -34,7 +34,9 @@ the TINY ``moe`` and ``routed_experts`` figures are the same with real weights).
 (:mod:`harness.forward_bench`: each distinct piece once, times its count in the schedule).
 
 Each row also carries the slowest rank's ``compile_s`` (pypto's compile, timed in the
-worker, summed over the rank's launches) and ``tasks`` (the cost model's task count):
+worker, summed over the rank's launches), ``compile_cpu_s`` (the same compile in the worker
+process's CPU seconds, all threads: on a loaded machine the figure to compare) and
+``tasks`` (the cost model's task count):
 ``--tokens 4 --tokens 48 --tokens 192`` shows how both grow with the token count.
 """
 
@@ -136,6 +138,8 @@ def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo:
     est = result.estimated_a5_us()
     cycles = max((c.get("total_cycles") or 0 for c in result.costs), default=None)
     compile_s = [c["compile_s"] for c in result.costs if c.get("compile_s") is not None]
+    compile_cpu = [c["compile_cpu_s"] for c in result.costs
+                   if c.get("compile_cpu_s") is not None]
     tasks = [c["tasks"] for c in result.costs if c.get("tasks") is not None]
     return {"entry": case.entry, "case": case.case_id, "preset": case.preset,
             "tokens": case.tokens, "tp": case.tp, "status": result.status,
@@ -147,6 +151,7 @@ def bench_row(case: Case, result, work: Work, plat: topology.PlatformFile, topo:
             "wall_s": round(result.seconds, 2), "topology": topo,
             # the slowest rank's: pypto compile seconds and cost-model tasks
             "compile_s": round(max(compile_s), 2) if compile_s else None,
+            "compile_cpu_s": round(max(compile_cpu), 2) if compile_cpu else None,
             "tasks": max(tasks) if tasks else None,
             "reason": short_reason(result.reason)}
 
@@ -166,6 +171,14 @@ def short_reason(reason: str) -> str | None:
     return f"{short} {logs[-1]}" if logs else short
 
 
+def _compile_cell(row: dict) -> str:
+    """``wall (cpu)`` compile seconds, ``-`` where not measured."""
+    if row.get("compile_s") is None:
+        return "-"
+    cpu = row.get("compile_cpu_s")
+    return f"{row['compile_s']:.1f}" + (f" ({cpu:.1f})" if cpu is not None else "")
+
+
 def _topology_record() -> dict:
     d = topology.describe()
     return {k: d[k] for k in ("cube_cores", "vector_cores", "clock_mhz", "mismatches")}
@@ -177,7 +190,7 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
 
     table = Table(title="Estimated A5 time (cost model) vs roofline", caption=topo_line)
     for col in ("entry", "preset", "tokens", "tp", "est. A5 us", "total cycles", "roofline us",
-                "est/roofline", "bound", "MB moved", "GFLOP (dtype)", "verify", "compile s",
+                "est/roofline", "bound", "MB moved", "GFLOP (dtype)", "verify", "compile s (cpu)",
                 "tasks", "wall s", "verdict"):
         table.add_column(col)
     for r in rows:
@@ -187,7 +200,7 @@ def _print_table(rows: list[dict], plat: topology.PlatformFile, topo_line: str) 
                       str(r["total_cycles"] or "-"), f"{r['roofline_us']:.3f}",
                       f"{r['ratio']:.1f}x" if r["ratio"] is not None else "-", r["bound"],
                       f"{r['bytes'] / 1e6:.3f}", flops, str(r["verify_level"] or "-"),
-                      f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-",
+                      _compile_cell(r),
                       str(r.get("tasks") or "-"), f"{r['wall_s']:.1f}", r["status"])
     con = Console()
     con = con if con.is_terminal else Console(width=220)

@@ -40,7 +40,7 @@ def sequential_cost(records: list[dict]) -> dict:
     for key in ("aicore_e2e_us", "total_cycles"):
         values = [r.get(key) for r in records]
         total[key] = None if None in values else sum(values)
-    for key in ("tasks", "compile_s"):  # measured ones only: absent unless every launch has it
+    for key in ("tasks", "compile_s", "compile_cpu_s"):  # measured ones only: absent unless every launch has it
         values = [r.get(key) for r in records]
         total.pop(key, None)
         if None not in values:

@@ -126,12 +126,14 @@ class LaunchResult:
 
     def cost_record(self) -> dict:
         """``{"rank", "aicore_e2e_us", "total_cycles"}`` (the registry's cost record) plus
-        ``tasks`` (the cost model's) and ``compile_s`` (the worker's) where measured, or {}."""
+        ``tasks`` (the cost model's), ``compile_s`` and ``compile_cpu_s`` (the worker's wall
+        and CPU seconds of pypto's compile) where measured, or {}."""
         if self.cost is None:
             return {}
         record = {"rank": self.rank, "aicore_e2e_us": self.cost.aicore_e2e_us,
                   "total_cycles": self.cost.total_cycles}
-        measured = (("tasks", self.cost.tasks), ("compile_s", self.timings.get("compile_s")))
+        measured = (("tasks", self.cost.tasks), ("compile_s", self.timings.get("compile_s")),
+                    ("compile_cpu_s", self.timings.get("compile_cpu_s")))
         for key, value in measured:
             if value is not None:
                 record[key] = value

@@ -273,8 +273,10 @@ def test_an_error_row_says_why_in_json_and_under_the_table(monkeypatch, capsys):
 def test_rows_carry_the_slowest_ranks_compile_seconds_and_tasks(monkeypatch, capsys):
     def fake_run(case, *a, **k):
         r = CaseResult(case=case, sut="kernel:x", status="pass", costs=[
-            {"rank": 0, "aicore_e2e_us": 5.0, "total_cycles": 9, "tasks": 120, "compile_s": 1.5},
-            {"rank": 1, "aicore_e2e_us": 6.0, "total_cycles": 9, "tasks": 80, "compile_s": 2.25}])
+            {"rank": 0, "aicore_e2e_us": 5.0, "total_cycles": 9, "tasks": 120, "compile_s": 1.5,
+             "compile_cpu_s": 1.25},
+            {"rank": 1, "aicore_e2e_us": 6.0, "total_cycles": 9, "tasks": 80, "compile_s": 2.25,
+             "compile_cpu_s": 1.0}])
         r.verify_level = "tensor"
         return r
 
@@ -282,7 +284,7 @@ def test_rows_carry_the_slowest_ranks_compile_seconds_and_tasks(monkeypatch, cap
     monkeypatch.setattr(harness.runner, "run_case", fake_run)
     assert bench.main(["--json", "rmsnorm", "--preset", "tiny", "--tokens", "4"]) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[0])
-    assert (row["compile_s"], row["tasks"]) == (2.25, 120)
+    assert (row["compile_s"], row["compile_cpu_s"], row["tasks"]) == (2.25, 1.25, 120)
 
 
 def test_a_launch_record_carries_tasks_and_compile_seconds():
@@ -290,11 +292,12 @@ def test_a_launch_record_carries_tasks_and_compile_seconds():
     from harness.platforms.base import CostReport, LaunchResult
 
     res = LaunchResult(ok=True, rank=2, cost=CostReport(12.5, 900, "a5", 84, 37),
-                       timings={"compile_s": 0.75})
+                       timings={"compile_s": 0.75, "compile_cpu_s": 0.5})
     rec = res.cost_record()
-    assert (rec["rank"], rec["tasks"], rec["compile_s"]) == (2, 37, 0.75)
-    both = sequential_cost([rec, dict(rec, tasks=3, compile_s=0.25)])
-    assert (both["tasks"], both["compile_s"], both["launches"]) == (40, 1.0, 2)
+    assert (rec["rank"], rec["tasks"], rec["compile_s"], rec["compile_cpu_s"]) == (2, 37, 0.75, 0.5)
+    both = sequential_cost([rec, dict(rec, tasks=3, compile_s=0.25, compile_cpu_s=0.25)])
+    assert (both["tasks"], both["compile_s"], both["compile_cpu_s"], both["launches"]) == \
+        (40, 1.0, 0.75, 2)
     untimed = {k: v for k, v in rec.items() if k != "compile_s"}
     assert "compile_s" not in sequential_cost([rec, untimed])
 
