@@ -16,21 +16,37 @@ absorbs; the Top-K acceptance judges the rest.)  Top-K: the ``topk`` best finite
 the lower position (:func:`v41.rank_select.select`), listed by ascending logical position as
 physical rows, trailing -1 (:func:`v41.rank_select.ascending`).
 
-Kernel algorithm (per token): the physical row of every logical position is gathered once
-from the request's block-table row; the positions up to ``compressed_lens[t]`` are scored in
-tiles of ``KEY_TILE`` (512) keys, a loop over the dynamic tile count.  Each tile's packed
-E2M1 rows and E8M0 scales are gathered and decoded to BF16 by
-:func:`v41.kv_decode.fp4_keys` (whole rows, one subgraph, exact) inside the scoring loop:
-there is no decoded-key buffer.  The tile's scores go to the token's row of the FP32
-``scores`` buffer ``[tokens, max(width, topk)]`` (columns past ``width`` stay MASKED), which
-the Top-K then reads.  The host bounds ``tokens`` per launch by the score budget
-(``max_logits_bytes``) and validates every row id and length before launch
+Kernel algorithm (per token): the positions up to ``compressed_lens[t]`` are scored in tiles
+of ``KEY_TILE`` (512) keys, a loop over the dynamic tile count.  Each tile is three tasks: one
+subgraph that takes the tile's physical rows from its block-table pages, gathers the packed
+E2M1 rows and E8M0 scales and decodes them to BF16 with :func:`v41.kv_decode.fp4_keys`
+(exact; the decoder's constants recomputed in the task; ``fp4_keys``'s own
+:func:`v41.subgraph.one_subgraph` nests in the tile's, so it is the same task), the cube
+product with the token's query (read in place), and the scoring (weights read in place,
+candidate-mask exclusions MASKED).  The tile's scores go to the token's row of the FP32
+``scores`` buffer ``[tokens, max(width, topk)]``.  The Top-K is one subgraph per token (its
+constants recomputed in it): it reads the row (a dependency edge from each of the token's
+scoring tasks), selects MASKED at every position at or past ``compressed_lens[t]`` (the
+tail of the last tile and the columns of tiles never scored, which no task writes and may
+hold anything; no fill task, so every byte of ``scores`` has one writer), picks the Top-K
+and maps the chosen positions to physical rows through the block-table row.  (With a key
+tile shorter than a page, the token's physical rows are gathered once per token instead.)
+The host bounds ``tokens`` per launch by the score budget (``max_logits_bytes``) and
+validates every row id and length before launch
 (``harness.entries.paged_indexer.validate_launch``).
 
-Schedule (A5 cost model, FLASH TP4 T=192 in launches of 32 rows): 64-key tiles with the
-arithmetic decoder of ``v41.mx_decode`` (its on-chip reshapes went through global memory)
-took 1,842 us; the whole-row decoder and 512-key tiles take 423 us, the same Top-K rows
-(400 us with each token's steps before its key loop in one subgraph scope).
+Schedule (A5 cost model): FLASH TP4 T=192 368 -> 157 us (2,030 -> 846 tasks) with the tile
+and Top-K tasks above, T=512 TP1 1,131 -> 493 us, T=3 40.2 -> 24.3 us.  At T=192 the pipes are
+busy 28 % (vector) and 17 % (cube) of the span; tasks start at ~355 cycles apart, a task
+starts 5-20 k cycles after its producer ends, and the AICPU threads spend ~80 % of the span
+polling cores: each token is a chain of four dependent tasks (decode, product, scoring,
+Top-K), so the graph, not the bytes or the vector work, sets the time.  (A MASKED fill of
+the score rows in tasks of their own took 163 us, and ordered its writes against the
+scoring tasks' only by timing; MASKED tiles written by a second per-token loop, 184 us.)  Before (in
+launches of 32 rows): 64-key tiles with the arithmetic decoder of ``v41.mx_decode`` (its
+on-chip reshapes went through global memory) took 1,842 us; the whole-row decoder and
+512-key tiles took 423 us, the same Top-K rows (400 us with each token's steps before its
+key loop in one subgraph scope).
 A token with a short prefix decodes a whole tile of masked keys; at decode lengths that
 costs less than the extra loop iterations (256-key tiles: 109 us against 73 us for a
 32-row FLASH launch).
@@ -48,12 +64,14 @@ index_block_table    (requests, pages)                   int32     in
 token_to_req         (tokens,)                           int32     in
 compressed_lens      (tokens,)                           int32     in
 candidate_mask       (tokens, width)                     uint8     in   (only with candidates)
-scores               (tokens, padded)                    float32   out  (score buffer)
+scores               (tokens, padded)                    float32   out  (scratch, below)
 topk_rows            (tokens, topk)                      int32     out
 ===================  ==================================  ========  =====
 
 ``width = pages * block_size``, ``padded = max(width, topk)``; ``blocks``, ``requests``,
-``pages`` and ``candidates`` (bool) from the case dict.
+``pages`` and ``candidates`` (bool) from the case dict.  ``scores`` is the Top-K's scratch:
+on return a token's columns below ``compressed_lens[t]`` hold its scores (``MASKED`` where
+the candidate mask excludes), the columns at or past it are undefined.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -153,87 +171,47 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     def body(q, weights, index_key, index_key_scale, index_block_table, token_to_req,
              compressed_lens, candidate_mask, scores, topk_rows):
         tokens = q.shape[0]
+        q2 = pypto.reshape(q, [tokens * h, d], inplace=True)
+        w2 = pypto.reshape(weights, [tokens * h, 1], inplace=True)
+        lens2 = None
+        if causal:
+            lens2 = pypto.reshape(compressed_lens, [tokens, 1], inplace=True)
         # in-place views of the inputs: a copying reshape is a task every gather waits on
         # in-place GM views of the key cache, one row per scale group
         payload = pypto.reshape(index_key, [rows * g, group // 2], inplace=True)
         scales = pypto.reshape(index_key_scale, [rows * g], inplace=True)
-        key_of = kv_decode.slot_constants(pypto, tile, g)
-        nibbles = kv_decode.nibble_constants(pypto, group)
-        table = kv_decode.nibble_table(pypto)
-        pypto.set_vec_tile_shapes(padded)
-        pos1 = pypto.arange(0.0, float(padded), 1.0)
-        pypto.set_vec_tile_shapes(k)
-        kio1 = pypto.arange(0.0, float(k), 1.0)
-        pypto.set_vec_tile_shapes(width)
-        lpos = pypto.arange(0.0, float(width), 1.0)
-        page_f = pypto.floor(pypto.mul(lpos, 1.0 / bs))
-        page_of = pypto.cast(page_f, pypto.DT_INT32)
-        offset1 = pypto.cast(pypto.sub(lpos, pypto.mul(page_f, float(bs))), pypto.DT_INT32)
-        pypto.set_vec_tile_shapes(1, width)
-        offset = pypto.reshape(offset1, [1, width])
-        pypto.set_vec_tile_shapes(1, padded)
-        pos = pypto.reshape(pos1, [1, padded])
-        if variant == "higher_ties":
-            rev = pypto.add(pos, 1.0)
-        else:
-            rev = pypto.add(pypto.mul(pos, -1.0), float(padded))
-        pypto.set_vec_tile_shapes(1, k)
-        kio = pypto.reshape(kio1, [1, k])
         pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
         for t in pypto.loop(tokens, name="IDX_TOKENS", idx_name="t"):
             req = token_to_req[t]
-            visible, phys, wt, qt = _token_prelude(
-                pypto, q, weights, index_block_table, compressed_lens, scores, t, req, pos,
-                page_of, offset, bs, pages, width, padded, h, d)
+            phys = None
+            if tile % bs:  # a tile within one page: the row of every position, gathered once
+                phys = _token_rows(pypto, index_block_table, req, bs, pages, width)
             if causal:  # only the tiles holding visible positions
                 ntiles = (compressed_lens[t] + tile - 1) // tile
             else:
                 ntiles = width // tile
             for j in pypto.loop(ntiles, name="IDX_KEY_TILES", idx_name="j"):
-                ids = pypto.view(phys, [1, tile], [0, j * tile])
-                kb = kv_decode.fp4_keys(pypto, ids, payload, scales, table, key_of, nibbles,
-                                        tile, d, group, scale_e8m0=True)
+                kb = _tile_keys(pypto, index_block_table, req, j, phys, payload, scales, tile,
+                                bs, d, g, group)
+                pypto.set_vec_tile_shapes(h, d)
+                qt = pypto.view(q2, [h, d], [t * h, 0])
                 dot = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
                 pypto.set_vec_tile_shapes(h, tile)
                 dot = pypto.maximum(pypto.cast(pypto.cast(dot, pypto.DT_BF16), pypto.DT_FP32),
                                     0.0)
+                wt = pypto.cast(pypto.view(w2, [h, 1], [t * h, 0]), pypto.DT_FP32)
                 s = pypto.mul(dot, pypto.expand_clone(wt, [h, tile]))
                 s = pypto.cast(pypto.cast(s, pypto.DT_BF16), pypto.DT_FP32)
                 total = pypto.sum(s, 0, keepdim=True)  # [1, tile]
                 pypto.set_vec_tile_shapes(1, tile)
                 sc = pypto.cast(pypto.cast(total, pypto.DT_BF16), pypto.DT_FP32)
-                if causal:
-                    vis = pypto.view(visible, [1, tile], [0, j * tile])
-                    sc = pypto.where(vis, sc, rank_select.MASKED)
                 if use_mask:
                     cm = pypto.cast(pypto.view(candidate_mask, [1, tile], [t, j * tile]),
                                     pypto.DT_FP32)
                     sc = pypto.where(pypto.gt(cm, 0.5), sc, rank_select.MASKED)
                 pypto.assemble(sc, [t, j * tile], scores)
-            pypto.set_vec_tile_shapes(1, padded)
-            srow = pypto.view(scores, [1, padded], [t, 0])
-            chosen = rank_select.select(pypto, srow, rev, kio, padded, k)
-            if variant == "higher_ties":
-                rev_out = pypto.add(pypto.mul(pos, -1.0), float(padded))
-            else:
-                rev_out = rev
-            if variant == "descending":  # keys pos + 1: the top lists positions descending
-                key = pypto.where(pypto.gt(chosen, 0.5), pypto.add(pos, 1.0), -1.0)
-                kv, _ = pypto.topk(key, k, -1, True)
-                pypto.set_vec_tile_shapes(1, k)
-                valid = pypto.where(pypto.gt(kv, 0.0), 1.0, 0.0)
-                lp = pypto.mul(pypto.sub(kv, 1.0), valid)
-            else:
-                lp, valid = rank_select.ascending(pypto, chosen, rev_out, padded, k)
-                pypto.set_vec_tile_shapes(1, k)
-            lp_i = pypto.cast(pypto.minimum(lp, float(width - 1)), pypto.DT_INT32)
-            v_i = pypto.cast(valid, pypto.DT_INT32)
-            pypto.set_vec_tile_shapes(k)
-            lp_1 = pypto.reshape(lp_i, [k])
-            pypto.set_vec_tile_shapes(1, k)
-            pr2 = pypto.index_select(phys, 1, lp_1)
-            out = pypto.sub(pypto.mul(pypto.add(pr2, 1), v_i), 1)
-            pypto.assemble(out, [t, 0], topk_rows)
+            _token_topk(pypto, scores, topk_rows, phys, index_block_table, lens2, req, t,
+                        variant, width, padded, k, bs, pages)
 
     if masked:
         @pypto.frontend.jit(runtime_options=options)
@@ -269,30 +247,127 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     return paged_indexer
 
 
-def _token_prelude(pypto, q, weights, index_block_table, compressed_lens, scores, t, req, pos,
-                   page_of, offset, bs, pages, width, padded, h, d):
-    """Token ``t``'s steps before its key loop as one subgraph (one task): ``visible``
-    (positions below ``compressed_lens[t]``), ``phys`` (the physical row of every logical
-    position), the MASKED fill of its score row, its head weights ``wt`` FP32 ``[h, 1]``
-    and its query ``qt`` BF16 ``[h, d]``."""
-    with one_subgraph(pypto):
-        # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0)
-        pypto.set_vec_tile_shapes(8)
-        lv = pypto.cast(pypto.view(compressed_lens, [1], [t]), pypto.DT_FP32)
-        pypto.set_vec_tile_shapes(1, padded)
-        limit = pypto.expand_clone(pypto.reshape(lv, [1, 1]), [1, padded])
-        visible = pypto.lt(pos, limit)
-        pypto.set_vec_tile_shapes(1, width)
-        trow = pypto.view(index_block_table, [1, pages], [req, 0])
-        phys = pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
-        pypto.set_vec_tile_shapes(1, padded)
-        pypto.assemble(pypto.full([1, padded], rank_select.MASKED, pypto.DT_FP32),
-                       [t, 0], scores)  # columns of tiles past compressed_lens[t]
-        pypto.set_vec_tile_shapes(h, 16)
-        wt = pypto.reshape(pypto.cast(pypto.view(weights, [1, h], [t, 0]), pypto.DT_FP32),
-                           [h, 1])
-        # last before the key loop: the tile the loop's copy of qt is cut in
-        pypto.set_vec_tile_shapes(h, d)
-        qt = pypto.reshape(pypto.view(q, [1, h, d], [t, 0, 0]), [h, d])
-    return visible, phys, wt, qt
+def _positions(pypto, padded, k, variant):
+    """``pos`` [1, padded], ``rev`` (tie keys) and ``kio`` [1, k], recomputed in every task
+    that uses them (a hoisted constant is a task every token task waits on)."""
+    pypto.set_vec_tile_shapes(padded)
+    pos1 = pypto.arange(0.0, float(padded), 1.0)
+    pypto.set_vec_tile_shapes(k)
+    kio1 = pypto.arange(0.0, float(k), 1.0)
+    pypto.set_vec_tile_shapes(1, padded)
+    pos = pypto.reshape(pos1, [1, padded])
+    if variant == "higher_ties":
+        rev = pypto.add(pos, 1.0)
+    else:
+        rev = pypto.add(pypto.mul(pos, -1.0), float(padded))
+    pypto.set_vec_tile_shapes(1, k)
+    kio = pypto.reshape(kio1, [1, k])
+    return pos, rev, kio
 
+
+def _tile_keys(pypto, index_block_table, req, j, phys, payload, scales, tile, bs, d, g, group):
+    """Key tile ``j`` decoded to BF16 ``[tile, d]`` as one subgraph (one task): its physical
+    rows, the decoder's constants (recomputed in every task: hoisted, they were tasks every
+    tile waited on), the scale and payload gathers and the decode."""
+    with one_subgraph(pypto):  # fp4_keys's own scope nests: it joins this one
+        if tile % bs == 0:  # the tile's rows from its block-table pages
+            ids = _tile_rows(pypto, index_block_table, req, j, tile, bs)
+        else:
+            ids = pypto.view(phys, [1, tile], [0, j * tile])
+        key_of = kv_decode.slot_constants(pypto, tile, g)
+        nibbles = kv_decode.nibble_constants(pypto, group)
+        table = kv_decode.nibble_table(pypto)
+        kb = kv_decode.fp4_keys(pypto, ids, payload, scales, table, key_of, nibbles, tile, d, group,
+                                scale_e8m0=True)
+    return kb
+
+
+def _tile_rows(pypto, index_block_table, req, j, tile, bs):
+    """The physical rows of key tile ``j`` ([1, tile] INT32) from its ``tile // bs`` pages of
+    the request's block-table row (computed in the decode's task: no per-token row buffer)."""
+    np_ = tile // bs
+    return _page_rows(pypto, pypto.view(index_block_table, [1, np_], [req, j * np_]), tile, bs)
+
+
+def _page_rows(pypto, trow, n, bs):
+    """``trow[p // bs] * bs + p % bs`` for the positions ``p < n`` ([1, n] INT32) of the
+    block-table row piece ``trow`` (exact: ``bs`` is a power of 2)."""
+    pypto.set_vec_tile_shapes(n)
+    lpos = pypto.arange(0.0, float(n), 1.0)
+    page_f = pypto.floor(pypto.mul(lpos, 1.0 / bs))
+    page_of = pypto.cast(page_f, pypto.DT_INT32)
+    offset1 = pypto.cast(pypto.sub(lpos, pypto.mul(page_f, float(bs))), pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(1, n)
+    offset = pypto.reshape(offset1, [1, n])
+    return pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
+
+
+def _token_topk(pypto, scores, topk_rows, phys, index_block_table, lens2, req, t, variant,
+                width, padded, k, bs, pages):
+    """Token ``t``'s Top-K of its score row, listed as physical rows, as one subgraph.  The
+    row's columns at or past ``compressed_lens[t]`` (``lens2`` None: at or past ``width``)
+    hold scores of keys past the length (the last tile's tail) or were never written (tiles
+    past the length; they may hold anything, NaN included): they are selected to MASKED
+    here, by a select against the position iota, before the Top-K reads them.  The masked
+    row is not written back: the task reads ``scores`` and writing it in the same loop body
+    is a cycle pypto 0.2.0 refuses (``Operation already in a group``)."""
+    with one_subgraph(pypto):
+        pos, rev, kio = _positions(pypto, padded, k, variant)
+        pypto.set_vec_tile_shapes(1, padded)
+        srow = pypto.view(scores, [1, padded], [t, 0])
+        srow = pypto.where(_row_visible(pypto, lens2, t, pos, width, padded), srow,
+                           rank_select.MASKED)
+        chosen = rank_select.select(pypto, srow, rev, kio, padded, k)
+        if variant == "higher_ties":
+            rev_out = pypto.add(pypto.mul(pos, -1.0), float(padded))
+        else:
+            rev_out = rev
+        if variant == "descending":  # keys pos + 1: the top lists positions descending
+            key = pypto.where(pypto.gt(chosen, 0.5), pypto.add(pos, 1.0), -1.0)
+            kv, _ = pypto.topk(key, k, -1, True)
+            pypto.set_vec_tile_shapes(1, k)
+            valid = pypto.where(pypto.gt(kv, 0.0), 1.0, 0.0)
+            lp = pypto.mul(pypto.sub(kv, 1.0), valid)
+        else:
+            lp, valid = rank_select.ascending(pypto, chosen, rev_out, padded, k)
+            pypto.set_vec_tile_shapes(1, k)
+        lp_i = pypto.cast(pypto.minimum(lp, float(width - 1)), pypto.DT_INT32)
+        v_i = pypto.cast(valid, pypto.DT_INT32)
+        pypto.set_vec_tile_shapes(k)
+        lp_1 = pypto.reshape(lp_i, [k])
+        pypto.set_vec_tile_shapes(1, k)
+        if phys is None:  # the rows from the block-table row (exact: bs is a power of 2)
+            lp_c = pypto.minimum(lp, float(width - 1))
+            pg_f = pypto.floor(pypto.mul(lp_c, 1.0 / bs))
+            pg = pypto.cast(pg_f, pypto.DT_INT32)
+            off = pypto.cast(pypto.sub(lp_c, pypto.mul(pg_f, float(bs))), pypto.DT_INT32)
+            pypto.set_vec_tile_shapes(k)
+            pg_1 = pypto.reshape(pg, [k])
+            pypto.set_vec_tile_shapes(1, k)
+            trow = pypto.view(index_block_table, [1, pages], [req, 0])
+            pr2 = pypto.add(pypto.mul(pypto.index_select(trow, 1, pg_1), bs), off)
+        else:
+            pr2 = pypto.index_select(phys, 1, lp_1)
+        out = pypto.sub(pypto.mul(pypto.add(pr2, 1), v_i), 1)
+        pypto.assemble(out, [t, 0], topk_rows)
+
+
+def _row_visible(pypto, lens2, t, pos, width, padded):
+    """Token ``t``'s positions below ``compressed_lens[t]`` (``lens2`` None: below ``width``)
+    ([1, padded] bool, ``pos`` the position iota), computed in the Top-K task."""
+    if lens2 is None:
+        return pypto.lt(pos, float(width))
+    # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0), from the
+    # in-place [tokens, 1] view: a [1] -> [1, 1] reshape goes through global memory
+    pypto.set_vec_tile_shapes(1, 8)
+    lv = pypto.cast(pypto.view(lens2, [1, 1], [t, 0]), pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(1, padded)
+    return pypto.lt(pos, pypto.expand_clone(lv, [1, padded]))
+
+
+def _token_rows(pypto, index_block_table, req, bs, pages, width):
+    """The physical row of every logical position of the token's request ([1, width] INT32)
+    as one subgraph (only when a key tile is shorter than a page)."""
+    with one_subgraph(pypto):
+        return _page_rows(pypto, pypto.view(index_block_table, [1, pages], [req, 0]), width,
+                          bs)
