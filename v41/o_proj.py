@@ -173,7 +173,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
 def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant):
     """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` for one group's FP32 ``[rows,
     lora]`` latent, in ``LAT_ROWS``-row pieces: each piece's casts, MXFP8 activation and
-    copy out as one subgraph (one task instead of four dependent ones)."""
+    copy out as one subgraph (one task instead of four dependent ones), the MX group steps
+    on one ``[LAT_ROWS * lora / 32, 32]`` tile (32 KB FP32) instead of ``[64, 32]`` tiles:
+    a quarter of the tile steps, FLASH TP4 T=192 compile 12.3 -> 4.3 s, 179.4 -> 176.8 us."""
     r = min(rows, LAT_ROWS)
     for c0 in range(0, rows, r):  # unrolled at trace time
         vc = (valid - c0).max(0).min(r)
@@ -182,7 +184,8 @@ def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant
             piece = pypto.view(lat, [r, lora], [c0, 0], valid_shape=[vc, lora])
             lat32 = pypto.cast(pypto.cast(piece, pypto.DT_BF16), pypto.DT_FP32)
             xq = mx_linear.mx_activation_bf16(pypto, lat32, r, vc, lora,
-                                              skip_quant=skip_quant)
+                                              skip_quant=skip_quant,
+                                              group_tile_rows=r * lora // 32)
             mx_linear.assemble_rows(pypto, xq, lat_mx, start + c0, col, r, vc, lora)
 
 
