@@ -54,6 +54,18 @@ subgraph are about 10 tasks a token: 448 us, the outputs equal to the golden's a
 (the online rescaling steps are gone, so they differ from the earlier kernel's in FP32
 reassociation only).
 
+Past one wave of the vector cores (:data:`WAVE` = 56 tokens) the token loop takes two
+tokens an iteration (:data:`PAIR`): the pair's same-structure subgraphs merge into one task
+each (``vec_nbuffer_setting`` for the vector stages, ``cube_nbuffer_setting`` for the
+products), 11 -> 5.5 tasks and 21 -> 13 edges a token.  The AICPU leaves a core idle 5-9 k
+cycles between two of its tasks, and with 11 tasks a token the pipes were 39 % (vector) and
+41 % (cube) busy: FLASH TP4 T=192 389.5 -> 290.7 us (2,117 -> 1,061 tasks, both pipes 48 %
+busy), T=200 472.4 -> 373.6 us.  Below the wave nothing changes (T=4 80.2 us, TINY 41.1
+us): pairs there halve the tasks the cores share (T=4 112.7 us, TINY 48.8 us).  The
+arithmetic of each token is unchanged (outputs bit for bit the same).  What is left: the
+pair's compressed decode (85 k cycles, one task) and the products' copy-in of the decoded
+keys.
+
 The decode in the group layout (``[1024, 16]`` tiles, one scale a tile row) spent its time
 on copies to global memory: the scale values reshaped from 1-D to ``[n, 1]`` on chip
 (copied out and in again per tile), the INT32 table index (a gather reads its index from
@@ -218,7 +230,15 @@ def abi(config, case: dict):
 # whole-key decode tiles are independent, and the partitioner otherwise makes each its own
 # task (FLASH TP4 T=192 1,675 us with 16 + 4 decode tasks a token; merging 8: 583 us, 32:
 # 424 us, 16: 390 us).
-PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}}
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}, "cube_nbuffer_setting": {-1: 2}}
+# Past WAVE tokens (one wave of the 56 vector cores), the loop takes PAIR tokens an
+# iteration: the two tokens' same-structure subgraphs merge into one task each (vector by
+# the setting above, cube by ``cube_nbuffer_setting``), which halves the tasks and the
+# AICPU's per-task gaps.  FLASH TP4 T=192 389.5 -> 334.5 us with the vector merge alone,
+# 290.7 us with the cube one; three tokens 289.0 us, four 306.2 us (and 7 s to compile);
+# pairs from the first token cost T=4 80.2 -> 112.7 us and TINY 41.1 -> 48.8 us.
+PAIR = 2
+WAVE = 56
 SCALE_TILE = 8192  # 1-D tile of the scale values' steps (16,384: 396 us, 4,096: 414 us)
 # Parts of at least this many keys compute their row ids with their scale slots (one task
 # fewer a token: FLASH TP4 T=192 415 -> 390 us); smaller parts keep them apart (TINY 41.1
@@ -473,7 +493,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         crows_c = scale_index(pypto, ctile, d, cgroup)
         win = (indices, payload, scales, key_of, rows_c, tile, keys)
         comp = (compressed_indices, cpayload, cscales, ckey_of, crows_c, nibbles, ctile, ckeys)
-        for t in pypto.loop(tokens, name="SA_TOKENS", idx_name="t"):
-            _token(pypto, t, q2, sink, win, comp if use_compressed else None, out, opts)
+        comp = comp if use_compressed else None
+        # k iterations of PAIR tokens, then one token an iteration: single tokens while they
+        # fit one wave of the vector cores, pairs only past that
+        k = ((tokens - WAVE).max(0) + PAIR - 2) // (PAIR - 1)
+        k = k.min(tokens // PAIR)
+        for g in pypto.loop(k, name="SA_PAIRS", idx_name="g"):
+            for r in range(PAIR):  # unrolled at trace time
+                _token(pypto, g * PAIR + r, q2, sink, win, comp, out, opts)
+        for t in pypto.loop(tokens - k * PAIR, name="SA_TOKENS", idx_name="t"):
+            _token(pypto, k * PAIR + t, q2, sink, win, comp, out, opts)
 
     return sparse_attention
