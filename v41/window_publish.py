@@ -37,7 +37,13 @@ uint8 and, on the interpreter, stops at the first out-of-range (negative) index.
 Cost model (A5, FLASH), before -> after: T=192 97.2 -> 6.3 us (48 tasks of 4 rows; each
 ~9.9 k cycles: 1.4 k BF16 copy-in, ~7 k of the encoder's vector operations, 1.4 k of casts
 and row copy-outs), T=4 33.0 -> 3.2 us, T=48 -> 3.6 us (one row per task), T=4096 1.73 ms
--> 179 us (eight 512-token a5sim launches, 32 tasks of 16 rows each).  One fixed tile
+-> 179 us as eight 512-token launches (32 tasks of 16 rows each); as one launch (the
+harness's estimate-only platform, ``launch_step``) 136.5 us: 256 tasks of 16 rows, ~36 k
+cycles each (vector ~27 k, SUB [64, 32] 325 cycles against 73 for MUL; 33 copy-outs of
+~310 cycles), 4.6 waves of which the AICPU's dispatch left some cores a wave idle.
+Measured one-launch T=4096 tiles: 37 rows (two waves) 98.8 us; 32 rows 125.7; 25 rows
+141.1; 74 rows (one wave) 139.5, 48 rows per task and more spill the FP32 codes (each row's
+cast copies the whole tile back in), 40 rows do not.  One fixed tile
 instead: 4 rows gave T=4 5.5 us; 1 row gave T=192 25.5 us (four waves).  Measured on
 a5sim: codes and scales equal the golden's bit for bit (the harness fixture's hard rows and
 random BF16 bit patterns of every exponent).

@@ -22,10 +22,11 @@ four tensors named with what they must be, every valid slot inside the cache, no
 valid tokens on one slot.
 
 Launches: the a5sim interpreter holds every loop iteration's data, ~1.1 GB per 512 FLASH
-tokens (a 4096-token launch exhausted the 24 GiB machine), so on a5sim the SUT publishes
-in host chunks of :data:`A5SIM_CHUNK` tokens, each launch continuing from the previous
-cache (slots are distinct, so chunk order does not matter); its cost record is the sum of
-the chunks' estimates.  On cards the batch is one launch.
+tokens (a 4096-token launch exhausted the 24 GiB machine), so on a5sim's interpreter the
+SUT publishes in host chunks of :data:`A5SIM_CHUNK` tokens, each launch continuing from the
+previous cache (slots are distinct, so chunk order does not matter); its cost record is the
+sum of the chunks' estimates.  On cards, and on an estimate-only platform (which interprets
+nothing: :func:`harness.entries._kernel.launch_step`), the batch is one launch.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from harness.case import Case, Support
 from harness.compare import MXFP8_CACHE_MAX_REL_L2, check_dequantized_rows, check_non_owned_bytes
 from harness.fixtures import generator, nonidentity_permutation, randn, split_lengths
 from harness.platforms.topology import VECTOR_FP32
-from harness.entries._kernel import sequential_cost
+from harness.entries._kernel import launch_step, sequential_cost
 from harness.registry import Entry, SutOutput, Work, register, tensor_bytes
 
 MODULE = "v41.window_publish"
@@ -173,15 +174,16 @@ def validate_launch(inputs) -> int:
 # ---- system under test -----------------------------------------------------------------------
 
 def kernel_sut(chunk: int | None = None, **options):
-    """Validate on the host, then publish ``chunk`` tokens per launch (all at once when
-    None), each launch continuing from the previous launch's cache.  The cost record sums
-    the launches (they run one after another)."""
+    """Validate on the host, then publish ``chunk`` tokens per launch on a5sim's interpreter
+    (all at once when None, and on any other or an estimate-only platform:
+    :func:`launch_step`), each launch continuing from the previous launch's cache.  The cost
+    record sums the launches (they run one after another)."""
     def run(platform, config, case, inputs) -> SutOutput:
         from harness.platforms import KernelSpec
         validate_launch(inputs)
         spec = KernelSpec(MODULE, options)
         t = inputs["kv"].shape[0]
-        step = chunk or t
+        step = launch_step(platform, t, chunk) if chunk else t
         caches = {k: inputs[k] for k in CACHES}
         blocks = caches["window_kv"].shape[0]
         records = []
