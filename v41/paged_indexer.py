@@ -23,27 +23,28 @@ E2M1 rows and E8M0 scales and decodes them to BF16 with :func:`v41.kv_decode.fp4
 (exact; the decoder's constants recomputed in the task; ``fp4_keys``'s own
 :func:`v41.subgraph.one_subgraph` nests in the tile's, so it is the same task), the cube
 product with the token's query (read in place), and the scoring (weights read in place,
-candidate-mask exclusions MASKED).  The tile's scores go to the token's row of the FP32
-``scores`` buffer ``[tokens, max(width, topk)]``.  The Top-K is one subgraph per token (its
-constants recomputed in it): it reads the row (a dependency edge from each of the token's
-scoring tasks), selects MASKED at every position at or past ``compressed_lens[t]`` (the
-tail of the last tile and the columns of tiles never scored, which no task writes and may
-hold anything; no fill task, so every byte of ``scores`` has one writer), picks the Top-K
-and maps the chosen positions to physical rows through the block-table row.  (With a key
-tile shorter than a page, the token's physical rows are gathered once per token instead.)
-The host bounds ``tokens`` per launch by the score budget (``max_logits_bytes``) and
-validates every row id and length before launch
+positions at or past ``compressed_lens[t]`` and candidate-mask exclusions MASKED).  The
+tile's scores go to the token's row of the FP32 ``scores`` buffer ``[tokens, max(width,
+topk)]``; the tiles of the row no scoring task writes (past the length, past the width) are
+written MASKED by a second per-token loop, one task a tile, so every byte of ``scores`` has
+exactly one writer and the buffer holds what the golden's does (the C1A Full candidate
+source reads it: :mod:`v41.hierarchical_indexer`).  The Top-K is one subgraph per token
+(its constants recomputed in it), reading the row after those tasks (dataflow edges), and
+maps the chosen positions to physical rows through the block-table row.  (With a key tile
+shorter than a page, the token's physical rows are gathered once per token instead.)  The
+host bounds ``tokens`` per launch by the score budget (``max_logits_bytes``) and validates
+every row id and length before launch
 (``harness.entries.paged_indexer.validate_launch``).
 
-Schedule (A5 cost model): FLASH TP4 T=192 368 -> 157 us (2,030 -> 846 tasks) with the tile
-and Top-K tasks above, T=512 TP1 1,131 -> 493 us, T=3 40.2 -> 24.3 us.  At T=192 the pipes are
-busy 28 % (vector) and 17 % (cube) of the span; tasks start at ~355 cycles apart, a task
-starts 5-20 k cycles after its producer ends, and the AICPU threads spend ~80 % of the span
-polling cores: each token is a chain of four dependent tasks (decode, product, scoring,
-Top-K), so the graph, not the bytes or the vector work, sets the time.  (A MASKED fill of
-the score rows in tasks of their own took 163 us, and ordered its writes against the
-scoring tasks' only by timing; MASKED tiles written by a second per-token loop, 184 us.)  Before (in
-launches of 32 rows): 64-key tiles with the arithmetic decoder of ``v41.mx_decode`` (its
+Schedule (A5 cost model): FLASH TP4 T=192 368 -> 184 us (2,030 -> 1,012 tasks) with the tile,
+MASKED-tile and Top-K tasks above.  Each token is a chain of dependent tasks (decode,
+product, scoring, Top-K): the pipes are busy under 30 % of the span, a task starts 5-20 k
+cycles after its producer ends and the AICPU threads spend ~80 % of the span polling
+cores, so the graph, not the bytes or the vector work, sets the time.  (Without the MASKED
+tiles, the Top-K masking the row in its own task: 157 us, but the columns past the length
+were left unwritten and the C1A Full candidate source reads them; a MASKED fill of whole
+rows in tasks of their own: 163 us, its writes ordered against the scoring tasks' only by
+timing.)  Before (in launches of 32 rows): 64-key tiles with the arithmetic decoder of ``v41.mx_decode`` (its
 on-chip reshapes went through global memory) took 1,842 us; the whole-row decoder and
 512-key tiles took 423 us, the same Top-K rows (400 us with each token's steps before its
 key loop in one subgraph scope).
@@ -64,14 +65,14 @@ index_block_table    (requests, pages)                   int32     in
 token_to_req         (tokens,)                           int32     in
 compressed_lens      (tokens,)                           int32     in
 candidate_mask       (tokens, width)                     uint8     in   (only with candidates)
-scores               (tokens, padded)                    float32   out  (scratch, below)
+scores               (tokens, padded)                    float32   out  (score buffer)
 topk_rows            (tokens, topk)                      int32     out
 ===================  ==================================  ========  =====
 
 ``width = pages * block_size``, ``padded = max(width, topk)``; ``blocks``, ``requests``,
-``pages`` and ``candidates`` (bool) from the case dict.  ``scores`` is the Top-K's scratch:
-on return a token's columns below ``compressed_lens[t]`` hold its scores (``MASKED`` where
-the candidate mask excludes), the columns at or past it are undefined.
+``pages`` and ``candidates`` (bool) from the case dict.  ``scores``: a token's columns
+below ``compressed_lens[t]`` hold its scores (``MASKED`` where the candidate mask
+excludes), every other column ``MASKED``.
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -205,13 +206,20 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 total = pypto.sum(s, 0, keepdim=True)  # [1, tile]
                 pypto.set_vec_tile_shapes(1, tile)
                 sc = pypto.cast(pypto.cast(total, pypto.DT_BF16), pypto.DT_FP32)
+                if causal:  # positions at or past compressed_lens[t]
+                    sc = pypto.where(_tile_visible(pypto, lens2, t, j, tile, padded),
+                                     sc, rank_select.MASKED)
                 if use_mask:
                     cm = pypto.cast(pypto.view(candidate_mask, [1, tile], [t, j * tile]),
                                     pypto.DT_FP32)
                     sc = pypto.where(pypto.gt(cm, 0.5), sc, rank_select.MASKED)
                 pypto.assemble(sc, [t, j * tile], scores)
-            _token_topk(pypto, scores, topk_rows, phys, index_block_table, lens2, req, t,
-                        variant, width, padded, k, bs, pages)
+            # the tiles no scoring task wrote (past the length, past the width): MASKED
+            for j in pypto.loop(padded // tile - ntiles, name="IDX_MASKED_TILES",
+                                idx_name="j"):
+                _masked_tile(pypto, scores, t, (ntiles + j) * tile, tile)
+            _token_topk(pypto, scores, topk_rows, phys, index_block_table, req, t, variant,
+                        width, padded, k, bs, pages)
 
     if masked:
         @pypto.frontend.jit(runtime_options=options)
@@ -302,21 +310,15 @@ def _page_rows(pypto, trow, n, bs):
     return pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
 
 
-def _token_topk(pypto, scores, topk_rows, phys, index_block_table, lens2, req, t, variant,
+def _token_topk(pypto, scores, topk_rows, phys, index_block_table, req, t, variant,
                 width, padded, k, bs, pages):
-    """Token ``t``'s Top-K of its score row, listed as physical rows, as one subgraph.  The
-    row's columns at or past ``compressed_lens[t]`` (``lens2`` None: at or past ``width``)
-    hold scores of keys past the length (the last tile's tail) or were never written (tiles
-    past the length; they may hold anything, NaN included): they are selected to MASKED
-    here, by a select against the position iota, before the Top-K reads them.  The masked
-    row is not written back: the task reads ``scores`` and writing it in the same loop body
-    is a cycle pypto 0.2.0 refuses (``Operation already in a group``)."""
+    """Token ``t``'s Top-K of its score row, listed as physical rows, as one subgraph (its
+    constants recomputed in it); it reads the row after every scoring and MASKED-tile task
+    of the token (dataflow edges)."""
     with one_subgraph(pypto):
         pos, rev, kio = _positions(pypto, padded, k, variant)
         pypto.set_vec_tile_shapes(1, padded)
         srow = pypto.view(scores, [1, padded], [t, 0])
-        srow = pypto.where(_row_visible(pypto, lens2, t, pos, width, padded), srow,
-                           rank_select.MASKED)
         chosen = rank_select.select(pypto, srow, rev, kio, padded, k)
         if variant == "higher_ties":
             rev_out = pypto.add(pypto.mul(pos, -1.0), float(padded))
@@ -352,17 +354,28 @@ def _token_topk(pypto, scores, topk_rows, phys, index_block_table, lens2, req, t
         pypto.assemble(out, [t, 0], topk_rows)
 
 
-def _row_visible(pypto, lens2, t, pos, width, padded):
-    """Token ``t``'s positions below ``compressed_lens[t]`` (``lens2`` None: below ``width``)
-    ([1, padded] bool, ``pos`` the position iota), computed in the Top-K task."""
-    if lens2 is None:
-        return pypto.lt(pos, float(width))
+def _tile_visible(pypto, lens2, t, j, tile, padded):
+    """Key tile ``j``'s positions below ``compressed_lens[t]`` ([1, tile] bool), computed in
+    the tile's scoring task."""
+    pypto.set_vec_tile_shapes(padded)
+    pos1 = pypto.arange(0.0, float(padded), 1.0)
+    pypto.set_vec_tile_shapes(1, padded)
+    pos = pypto.view(pypto.reshape(pos1, [1, padded]), [1, tile], [0, j * tile])
     # compressed_lens[t] as a tensor (a scalar-filled ``full`` reads as 0), from the
     # in-place [tokens, 1] view: a [1] -> [1, 1] reshape goes through global memory
     pypto.set_vec_tile_shapes(1, 8)
     lv = pypto.cast(pypto.view(lens2, [1, 1], [t, 0]), pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(1, padded)
-    return pypto.lt(pos, pypto.expand_clone(lv, [1, padded]))
+    pypto.set_vec_tile_shapes(1, tile)
+    return pypto.lt(pos, pypto.expand_clone(lv, [1, tile]))
+
+
+def _masked_tile(pypto, scores, t, col, tile):
+    """``scores[t, col : col + tile] = MASKED`` as one task (a tile no scoring task writes:
+    every score byte has one writer)."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(1, tile)
+        pypto.assemble(pypto.full([1, tile], rank_select.MASKED, pypto.DT_FP32), [t, col],
+                       scores)
 
 
 def _token_rows(pypto, index_block_table, req, bs, pages, width):
