@@ -8,9 +8,16 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
 1. reads, for EVERY request before any state write: the FP32 projections ``[x @ wkv |
    x @ wgate]`` (cube matmul, FP32 accumulation) of all the launch's tokens, in row tiles
    across requests, to workspace rows ``requests + t``, and the ring row ``(p0 - 1) %
-   capacity`` of the chunk's first position ``p0`` to workspace row ``r`` -- so the
-   predecessor of token ``t`` is workspace row ``r`` for the chunk's first token and
-   ``requests + t - 1`` otherwise;
+   capacity`` of the chunk's first position ``p0`` to row ``r`` of a kernel-local
+   ``[requests, 2*head_dim]`` tensor ``prevs`` -- so the predecessor of token ``t`` is
+   ``prevs[r]`` for the chunk's first token and workspace row ``requests + t - 1``
+   otherwise.  Task graph: every pooling tile reads ``prevs[r]`` (an edge from the ring
+   read of ``r``) and the workspace (edges from the projection), and every ring write of
+   ``r`` reads ``prevs[r]`` through an always-true ``where``, so it follows the read of the
+   row it may overwrite (pypto 0.2.0 gives a reader edges from the last loop that wrote a
+   tensor only: with the ring rows in the workspace, neither the pooling nor the ring
+   writes had an edge from the ring reads).  FLASH T=192 / 32 requests 210.7 -> 208.3 us,
+   T=512 505.5 -> 463.7 us, compressor_state T=192 453.8 -> 420.4 us;
 2. pooling of each token with its predecessor (per-channel softmax over the pair, FP32),
    BF16 round, RMSNorm -> latent, and publication at compressed position ``p - 1`` through
    :func:`v41.compressor_common.encode_tile` at every token whose slot is ``>= 0`` (the
@@ -54,7 +61,8 @@ workspace            (tokens + requests, 2*head_dim)         float32   out    (s
 ===================  ======================================  ========  =====
 
 ``tokens`` is dynamic; ``capacity``, ``blocks``, ``state_blocks`` and ``requests`` come
-from the case.  ``workspace`` holds the phase-1 rows (its content is not a result).
+from the case.  ``workspace`` holds the phase-1 projection rows (its content is not a
+result; its first ``requests`` rows are no longer written).
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
@@ -176,19 +184,22 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         state_cache: pypto.Tensor([nsb, ring, sw], pypto.DT_FP32),
         workspace: pypto.Tensor([ws_dim, sw], pypto.DT_FP32),
     ):
-        pypto.set_vec_tile_shapes(1, d)
-        norm32 = pypto.reshape(norm, [1, d])
+        # index_norm as a [1, index_dim] row: one task of every launch, also an idle one
+        # (num_tokens = 0), which the harness counts by its cost record
         pypto.set_vec_tile_shapes(1, di)
         index_norm32 = pypto.reshape(index_norm, [1, di])
         # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
         pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [128, 128])
         # phase 1, before any state write: the ring row (p0 - 1) % capacity of each enabled
-        # request to workspace row r, then the projections of all the launch's tokens, in
-        # row tiles across requests (wkv and wgate streamed once per row tile), to workspace
-        # rows nreq + t.  Order matters for the task graph: pypto 0.2.0 gives the pooling
-        # tiles edges from the LATER of these two loops only (the ring reads had no edge to
-        # the pooling before this change either), so the few short ring reads go first and
-        # end long before the projection the pooling waits for.
+        # request to row r of the kernel-local tensor prevs, then the projections of all the
+        # launch's tokens, in row tiles across requests (wkv and wgate streamed once per row
+        # tile), to workspace rows nreq + t.  The ring reads write prevs, not workspace:
+        # pypto 0.2.0 gives a reader of a tensor edges from the LAST loop that wrote it only
+        # (with the reads in workspace, the pooling had edges from the projection and none
+        # from the ring reads, and the ring writes none from the ring reads: ordered by
+        # timing only).  Now every pooling tile reads prevs[r] (edge from the read of r) and
+        # workspace (edges from the projection), and every ring write of r reads prevs[r].
+        prevs = pypto.Tensor([nreq, sw], pypto.DT_FP32)
         if early_read:
             for r in pypto.loop(nreq, name="C2_READ", idx_name="r"):
                 s = query_start_loc[r]
@@ -200,7 +211,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     pypto.set_vec_tile_shapes(1, 1, sw)
                     prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
                     pypto.set_vec_tile_shapes(1, sw)
-                    pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], workspace)
+                    pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
         num = query_start_loc[nreq]
         for i in pypto.loop((num + prow - 1) // prow, name="C2_PROJ", idx_name="i"):
             start = i * prow
@@ -232,7 +243,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     pypto.set_vec_tile_shapes(1, 1, sw)
                     prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
                     pypto.set_vec_tile_shapes(1, sw)
-                    pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], workspace)
+                    pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
         # phases 2 and 3 per request: pooling and publication, then the ring writes
         for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
             s = query_start_loc[r]
@@ -243,22 +254,25 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for i in pypto.loop((n_r + rows - 1) // rows, name="C2_TILES", idx_name="i"):
                 start = s + i * rows
                 valid = (e - start).min(rows)
-                # predecessor rows: the ring row r for the chunk's first token (i = 0),
-                # workspace row nreq + t - 1 otherwise
                 first = (1 - i).max(0)
-                row0 = nreq + start - 1 - first * (nreq + s - 1 - r)
+                # predecessor rows: workspace row nreq + t - 1, except for the chunk's first
+                # token (tile 0, row 0), whose predecessor is the ring row read to prevs[r]:
+                # [prevs[r]; workspace rows from nreq + start - 1 + first] from row 1 - first
+                pypto.set_vec_tile_shapes(rows, sw)
+                both = pypto.view(pypto.concat([
+                    pypto.view(prevs, [1, sw], [r, 0]),
+                    pypto.view(workspace, [rows, sw], [nreq + start - 1 + first, 0],
+                               valid_shape=[valid, sw]),
+                ], 0), [rows, sw], [1 - first, 0], valid_shape=[valid, sw])
                 pypto.set_vec_tile_shapes(rows, d)
                 kv_c = pypto.view(workspace, [rows, d], [nreq + start, 0], valid_shape=[valid, d])
                 sc_c = pypto.view(workspace, [rows, d], [nreq + start, d], valid_shape=[valid, d])
-                rest = (valid - 1).max(1)
-                kv_p = pypto.view(pypto.concat([
-                    pypto.view(workspace, [1, d], [row0, 0]),
-                    pypto.view(workspace, [rows - 1, d], [nreq + start, 0], valid_shape=[rest, d]),
-                ], 0), [rows, d], [0, 0], valid_shape=[valid, d])
-                sc_p = pypto.view(pypto.concat([
-                    pypto.view(workspace, [1, d], [row0, d]),
-                    pypto.view(workspace, [rows - 1, d], [nreq + start, d], valid_shape=[rest, d]),
-                ], 0), [rows, d], [0, 0], valid_shape=[valid, d])
+                kv_p = pypto.view(both, [rows, d], [0, 0], valid_shape=[valid, d])
+                sc_p = pypto.view(both, [rows, d], [0, d], valid_shape=[valid, d])
+                # the norm weight as a [1, d] row, in each tile's own task
+                pypto.set_vec_tile_shapes(1, d)
+                norm32 = pypto.reshape(norm, [1, d])
+                pypto.set_vec_tile_shapes(rows, d)
                 hi = pypto.maximum(sc_p, sc_c)
                 ep = pypto.exp(pypto.sub(sc_p, hi))
                 ec = pypto.exp(pypto.sub(sc_c, hi))
@@ -298,6 +312,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 p = position_ids[t]
                 pypto.set_vec_tile_shapes(1, sw)
                 row = pypto.view(workspace, [1, sw], [nreq + t, 0])
+                if early_read:
+                    # prevs[r] (never selected) puts this write after the ring read of r
+                    pypto.set_vec_tile_shapes(1)
+                    pos_t = pypto.view(position_ids, [1], [t])
+                    keep = pypto.reshape(pypto.eq(pos_t, pos_t), [1, 1])
+                    pypto.set_vec_tile_shapes(1, sw)
+                    row = pypto.where(pypto.expand_clone(keep, [1, sw]), row,
+                                      pypto.view(prevs, [1, sw], [r, 0]))
                 pypto.set_vec_tile_shapes(1, 1, sw)
                 pypto.assemble(pypto.reshape(row, [1, 1, sw]), [blk, p % ring, 0], state_cache)
 
