@@ -46,6 +46,12 @@ VEC_TILE_FP32_ELEMS = 20480
 # FLASH T=192 122.4 -> 114.0 us.  (A matmul K tile of 2,048 instead of 1,024 gave 108.3 us
 # and T=7 62.7 us, but it changes the FP32 accumulation order of the matmul's output.)
 MATMUL_K_TILE = 1024
+# Launches of at most this many row tiles take the product as one cube task per K tile
+# (:func:`_split_k_product`): at FLASH T=7 the one product task was 98.9 k of the launch's
+# 153 k cycles (20 K tiles on one cube core).  T = 4 / 7 / 16 / 48: 78.7 / 78.7 / 79.0 /
+# 85.5 -> 50.1 / 50.1 / 54.0 / 77.0 us; at T=96 (12 row tiles) 95.9 -> 114.7 and T=192
+# 114.0 -> 184.2 us (20 cube tasks a row tile swamp the AICPU), so those keep one product.
+SPLIT_K_MAX_ROW_TILES = 6
 
 VARIANTS = {
     "reference": "the contract",
@@ -97,6 +103,22 @@ def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
     return m
 
 
+def _split_k_product(pypto, flat, fn, rows, valid, k, n):
+    """FP32 ``flat @ fn^T`` as one cube product per ``MATMUL_K_TILE`` slice of K (each on
+    its own cube core), added in K order on the vector cores: the same FP32 sums, in the
+    same order, as one product whose L1 K tile is ``MATMUL_K_TILE`` (the interpreter adds
+    its K-tile products one by one into a zeroed accumulator)."""
+    acc = None
+    for q in range(-(-k // MATMUL_K_TILE)):  # unrolled at trace time
+        kq = min(MATMUL_K_TILE, k - q * MATMUL_K_TILE)
+        xv = pypto.view(flat, [rows, kq], [0, q * MATMUL_K_TILE], valid_shape=[valid, kq])
+        fv = pypto.view(fn, [n, kq], [0, q * MATMUL_K_TILE])
+        mm = pypto.matmul(xv, fv, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(rows, 32)
+        acc = mm if acc is None else pypto.add(acc, mm)
+    return acc
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``hc_mixes(x_hc, fn, scale, base, pre, post, comb)``."""
@@ -119,6 +141,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     rms_eps = float(config.rms_norm_eps)
     inv_count = 1.0 / hc_dim
     rows = ROW_TILE
+    split_k = -(-case_int(case, "tokens", default=rows, minimum=1) // rows) <= SPLIT_K_MAX_ROW_TILES
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -153,7 +176,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for h in range(1, hc):
                 xh = pypto.view(flat, [rows, hidden], [0, h * hidden], valid_shape=[valid, hidden])
                 sq = pypto.add(sq, pypto.sum(pypto.mul(xh, xh), -1, keepdim=True))
-            mm = pypto.matmul(flat, fn, pypto.DT_FP32, b_trans=True)  # [rows, mix]
+            if split_k:
+                mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)  # [rows, mix]
+            else:
+                mm = pypto.matmul(flat, fn, pypto.DT_FP32, b_trans=True)  # [rows, mix]
             pypto.set_vec_tile_shapes(rows, 32)
             if use_rms:
                 rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))

@@ -68,11 +68,22 @@ from v41.rope_heads import mx_tiles, project_heads, quantize_rows
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
 # FLASH T=192 (190 active) 255 -> 195 us, T=512 846 -> 641 us; TINY 51.0 -> 49.7 us (merging
-# 4: 193 us at T=192 and 53.2 us at TINY).
-PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}}
+# 4: 193 us at T=192 and 53.2 us at TINY).  Cube pairs too (``cube_nbuffer_setting``: a
+# head's two K-half products, its cos / sin expansions): 472 -> 408 tasks, FLASH T=192 (192
+# active) 126.6 -> 114.7 us, T=4 76.9 -> 79.5 us.  The merge keeps every dependency edge (a
+# merged task lists each member's), so the AICPU's serial resolves stay: the last MX(qr)
+# tile's 129 successors (50 k cycles, the head products wait on it) and the rope constants'
+# 65-67 each (expand, swap, sign: ~25 k cycles each, one thread).  Tried: no vector merge on
+# the MX(qr) loop (per-loop ``set_pass_options``) 118.5 us; the head loop's vector stages
+# unmerged 115.8 us, merged by 4 129.9 us; HEAD_TILE_ROWS 96 / 32 with the cube merge 127.6
+# / 120.1 us.
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {-1: 2}}
 
 ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
+# MX(qr) row tiles (one task each) per loop iteration: 4 instead of rope_heads' 8, FLASH
+# T=192 114.7 -> 110.6 us and T=48 97.1 -> 93.7 us (2: 110.6, 16: 113.0 us; T=4 has one).
+QRQ_TILES = 4
 # Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores): FLASH
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
 # (32: 127.7 us, 96: 136.3 us); qkv_proj_rope keeps its 8 / 16 (64 took it 320 -> 331 us).
@@ -144,7 +155,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     compute_padding = variant == "compute_padding"
     zero_padding = variant not in ("skip_padding", "compute_padding")
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
-    tiles = mx_tiles(d["tokens"])
+    tiles = min(QRQ_TILES, mx_tiles(d["tokens"]))
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
