@@ -20,7 +20,14 @@ Task graph (the A5 cost model's AICPU charges every task and dependency edge): e
 tile's scale-row gather and decode are one subgraph, each ``LAT_ROWS``-row piece of a
 group's latent (BF16 cast, MXFP8 activation, copy out) is one subgraph, and the K-partial
 adds of a ``wo_b`` product go in ``ADD_ROWS``-row tiles.  FLASH TP4 T=192: 1,321 -> 521
-tasks, 303 -> 179 us; the same operations in the same order, so the same output bits.
+tasks, 303 -> 179 us; the same operations in the same order, so the same output bits.  The
+inverse RoPE on the whole row tile and 96-row adds: T=192 170.6 -> 149.5 us (est.sh case).
+
+Compile grows with the row tile (T=4 1.0 s, T=192 3.5 s CPU): the row tile follows the
+launch's tokens because the cost model charges whole tiles and every extra task.  Measured
+at T=4 / T=192: fixed 16-row tiles 759 us at T=192; the de-rotation in its own 16-row loop
+and the latent's MXFP8 in an 8-row loop over a BF16 scratch: compile flat (0.88 / 1.12 s)
+but 124 / 341 us (64-row loop: 164 / 252 us).
 
 The TP sum is not in the kernel: every rank's partial goes to the host transport, which
 sums them in rank order in FP32 with one BF16 cast (``harness.entries.o_proj``).
@@ -53,9 +60,9 @@ from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weight is decoded once per launch)
 N_TILE = 128  # wo_b output rows decoded per weight tile
-ROPE_ROWS = 64  # rows per vector tile of the inverse RoPE (FP32 [64, 64] tiles)
+ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
 LAT_ROWS = 8  # latent rows per MX-activation subgraph
-ADD_ROWS = 64  # rows per vector tile of the K-partial adds ([64, 128] FP32: 32 KB)
+ADD_ROWS = 96  # rows per vector tile of the K-partial adds ([96, 128] FP32: 48 KB)
 
 VARIANTS = {
     "reference": "the contract",
