@@ -11,7 +11,7 @@ round-to-nearest-even on this interpreter and it misdecodes exponent 15).  The r
   has no pipe for ``exp2``);
 * ``v = x * 2^-e`` (``|v| <= 448``), ``a = |v|``; the E4M3 binade ``k = max(floor(log2
   a), -6)`` (a ``log`` estimate with an exact correction), ``y = a * 2^(3-k)`` in [0, 16)
-  rounded to an integer with ties to even by floor arithmetic, magnitude code
+  rounded to an integer with ties to even (``(y + 2^23) - 2^23`` in FP32), magnitude code
   ``min(8 (k + 6) + round(y), 126)`` (saturation at 448; a rounding carry to 16 moves to
   the next binade by the same formula; subnormals are ``k = -6``);
 * the sign bit from ``1 / v < 0``, so -0.0 and small negatives that round to zero give
@@ -39,6 +39,13 @@ def pow2(pypto, k):
     return pypto.cast(pypto.cast(p, pypto.DT_BF16), pypto.DT_FP32)
 
 
+def pow2_neg(pypto, k):
+    """``pow2(pypto, k * -1)`` in one op fewer: ``exp(k * -ln2)`` is ``exp(-k * ln2)`` bit
+    for bit (FP32 negation is exact and rounding is symmetric)."""
+    p = pypto.exp(pypto.mul(k, -LN2))
+    return pypto.cast(pypto.cast(p, pypto.DT_BF16), pypto.DT_FP32)
+
+
 def rsub(pypto, c, x):
     """``c - x`` for a Python float ``c`` (``pypto.sub`` takes the tensor first)."""
     return pypto.add(pypto.mul(x, -1.0), c)
@@ -54,38 +61,43 @@ def scale_exponent(pypto, amax):
     """FP32 ``clamp(ceil(log2(amax / 448)), -127, 127)`` of FP32 ``amax >= 0`` (exact)."""
     est = pypto.ceil(pypto.sub(pypto.mul(pypto.log(amax), INV_LN2), LOG2_E4M3_MAX))
     est = pypto.minimum(pypto.maximum(est, -127.0), 127.0)  # log(0) = -inf -> -127
-    t = pypto.mul(amax, pow2(pypto, pypto.mul(est, -1.0)))  # exact
+    t = pypto.mul(amax, pow2_neg(pypto, est))  # exact
     # t > 448 -> one up; t <= 224 -> one down (FP32 ulps at 448 / 224 are 2^-15 / 2^-16)
     up = step01(pypto, pypto.sub(t, E4M3_MAX), 32768.0)
-    down = rsub(pypto, 1.0, step01(pypto, pypto.sub(t, E4M3_MAX / 2), 65536.0))
-    e = pypto.add(est, pypto.sub(up, down))
+    not_down = step01(pypto, pypto.sub(t, E4M3_MAX / 2), 65536.0)  # 1 - down
+    # est + up - down = est + up + not_down - 1: small integers, exact in any order (no
+    # tensor-tensor SUB: the cost model charges it ~4x a MUL)
+    e = pypto.add(pypto.add(est, up), pypto.add(not_down, -1.0))
     return pypto.minimum(pypto.maximum(e, -127.0), 127.0)
 
 
 def e4m3_codes(pypto, v, truncate):
     """FP32 E4M3 codes (0..255) of FP32 ``v`` with ``|v| <= 448`` expected: round to
-    nearest even (or truncation for the wrong variant), saturation at 448."""
+    nearest even (or truncation for the wrong variant), saturation at 448.
+
+    The floor arithmetic of the module doc in fewer and cheaper vector ops, with the same
+    bits (the cost model charges a tensor-tensor SUB ~4x a MUL; none is used): the binade
+    correction ``min(floor(r / 2), 1) + min(floor(r), 1)`` is ``floor(min(r, 2))`` for any
+    ``r >= 0``, integers are summed in any order (exact), ``2^-k`` is :func:`pow2_neg`, and
+    ``y`` in [0, 16) is rounded to nearest even by ``(y + 2^23) - 2^23`` (FP32 addition at
+    unit spacing, exact)."""
     a = pypto.abs(v)
-    neg = step01(pypto, pypto.mul(pypto.reciprocal(v), -1.0), E4M3_MAX)  # 1/v < 0, -0.0 too
+    # 128 where 1/v < 0 (-0.0 too), else 0: |448 / v| >= 1 for |v| <= 448 (checked for every
+    # FP32 v in [-448, -447]), so 128 * 448 / v is 0 or 128 after the clip
+    neg128 = pypto.clip(pypto.mul(pypto.reciprocal(v), -E4M3_MAX * 128.0), 0.0, 128.0)
     a_eff = pypto.maximum(a, 2.0 ** -6)  # the subnormal binade shares k = -6
     k0 = pypto.floor(pypto.mul(pypto.log(a_eff), INV_LN2))
-    r = pypto.mul(a_eff, pow2(pypto, pypto.mul(k0, -1.0)))  # [0.5, 4) when k0 is +-1 off
-    k = pypto.add(k0, pypto.sub(pypto.minimum(pypto.floor(pypto.mul(r, 0.5)), 1.0),
-                                rsub(pypto, 1.0, pypto.minimum(pypto.floor(r), 1.0))))
-    y = pypto.mul(a, pow2(pypto, rsub(pypto, 3.0, k)))  # exact, [0, 16)
-    f = pypto.floor(y)
+    r = pypto.mul(a_eff, pow2_neg(pypto, k0))  # [0.5, 4) when k0 is +-1 off
+    k1 = pypto.add(k0, pypto.floor(pypto.minimum(r, 2.0)))  # the binade k, plus 1
+    y = pypto.mul(a, pow2_neg(pypto, pypto.add(k1, -4.0)))  # a * 2^(3 - k), exact, [0, 16)
     if truncate:
-        rounded = f
+        rounded = pypto.floor(y)
     else:
-        frac = pypto.sub(y, f)
-        ge_half = pypto.floor(pypto.mul(frac, 2.0))
-        below = pypto.floor(rsub(pypto, 2.0, pypto.mul(frac, 2.0)))  # 2 - 2 frac
-        gt_half = rsub(pypto, 1.0, pypto.minimum(below, 1.0))
-        odd = pypto.sub(f, pypto.mul(pypto.floor(pypto.mul(f, 0.5)), 2.0))
-        rounded = pypto.add(pypto.add(f, gt_half), pypto.mul(pypto.sub(ge_half, gt_half), odd))
-    mag = pypto.minimum(pypto.add(pypto.mul(pypto.add(k, 6.0), 8.0), rounded),
+        rounded = pypto.sub(pypto.add(y, 8388608.0), 8388608.0)  # RNE to an integer
+    # magnitude 8 (k + 6) + rounded = 8 k1 + 40 + rounded
+    mag = pypto.minimum(pypto.add(pypto.add(pypto.mul(k1, 8.0), 40.0), rounded),
                         float(E4M3_MAX_CODE))
-    return pypto.add(mag, pypto.mul(neg, 128.0))
+    return pypto.add(mag, neg128)
 
 
 ACTIVATION_AMAX_FLOOR = 1e-4  # goldens.quant.quantize_mxfp8_activation: amax >= 1e-4
@@ -103,7 +115,7 @@ def activation_group_codes(pypto, xg, n, group, tile_rows=64):
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
     pypto.set_vec_tile_shapes(t, 8)
     e = scale_exponent(pypto, pypto.maximum(amax, ACTIVATION_AMAX_FLOOR))
-    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
+    inv_scale = pow2_neg(pypto, e)
     pypto.set_vec_tile_shapes(t, group)
     return e4m3_codes(pypto, pypto.mul(xg, inv_scale), False), e
 
@@ -116,14 +128,17 @@ def group_codes(pypto, x, rows, valid, d, group, *, truncate=False, scale_shift=
     gpr = d // group  # groups per row
     pypto.set_vec_tile_shapes(min(rows, 8), d)
     xf = pypto.cast(x, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(min(n, 64), group)
+    pypto.set_vec_tile_shapes(min(n, 128), group)
     xg = pypto.reshape(xf, [n, group], valid_shape=[valid * gpr, group])
     amax = pypto.amax(pypto.abs(xg), -1, keepdim=True)  # [n, 1]
-    pypto.set_vec_tile_shapes(min(n, 64), 8)
+    # the [n, 1] scale steps in few tall tiles (per-op cost, not lanes, dominates there);
+    # FLASH window_publish T=4096 (592 groups a task): 64-row scale / group tiles 66.0 us,
+    # 1,024 / 64 59.9 us, 1,024 / 128 57.5 us
+    pypto.set_vec_tile_shapes(min(n, 1024), 8)
     e = scale_exponent(pypto, amax)
-    inv_scale = pow2(pypto, pypto.mul(e, -1.0))
+    inv_scale = pow2_neg(pypto, e)
     scode = pypto.add(e, float(E8M0_BIAS) + scale_shift)
-    pypto.set_vec_tile_shapes(min(n, 64), group)
+    pypto.set_vec_tile_shapes(min(n, 128), group)
     v = pypto.mul(xg, inv_scale)  # exact: x / 2^e
     return e4m3_codes(pypto, v, truncate), scode
 

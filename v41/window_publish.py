@@ -18,9 +18,10 @@ Schedule: the launch's tokens in tiles of ``rows``, one loop iteration per tile,
 whole iteration -- BF16 load, quantization, every row's write -- is ONE task
 (:func:`v41.subgraph.one_subgraph`, entered in a module-level function: the jit parser
 refuses a ``with`` in the kernel body).
-``rows`` is picked at run time from ROW_TILES (1, 2, 4, 8, 16): the smallest that keeps the
-launch to at most VECTOR_CORES (56) tasks, one wave; each tile size is its own branch of
-the compiled program.  Each row is written by its own ``assemble`` at ``[slot //
+``rows`` is picked at run time from ROW_TILES (1, 2, 4, 8, 16, 37): the smallest that keeps
+the launch to at most VECTOR_CORES (56) tasks, one wave, and 37 past 896 tokens (T=4096:
+two full waves of 111 tasks); each tile size is its own branch of the compiled program
+(``build(row_tiles=..., wave=...)`` shrinks them for tests).  Each row is written by its own ``assemble`` at ``[slot //
 block_size, slot % block_size, 0, 0]``, unrolled over the tile at trace time.  Instead of a
 runtime ``if slot >= 0`` (whose branch was a function of two copy tasks per row, each
 waiting ~9 k cycles on the quantization's tasks), the row's view carries a runtime valid
@@ -43,7 +44,12 @@ cycles each (vector ~27 k, SUB [64, 32] 325 cycles against 73 for MUL; 33 copy-o
 ~310 cycles), 4.6 waves of which the AICPU's dispatch left some cores a wave idle.
 Measured one-launch T=4096 tiles: 37 rows (two waves) 98.8 us; 32 rows 125.7; 25 rows
 141.1; 74 rows (one wave) 139.5, 48 rows per task and more spill the FP32 codes (each row's
-cast copies the whole tile back in), 40 rows do not.  One fixed tile
+cast copies the whole tile back in), 40 rows do not.  Then the encoder without
+tensor-tensor SUBs and with the RNE as ``(y + 2^23) - 2^23`` (:mod:`v41.mx_encode`, same
+bits): T=192 6.3 -> 4.8 us, T=4 3.2 -> 2.8 us, T=4096 with 37-row tiles 57.5 us (111 tasks
+of ~48.7 k cycles: vector ~26.4 k, 74 per-row copy-outs ~22 k; vector cores 93 % busy),
+with 16 / 24 / 32 / 40 / 48 / 74 rows (before the scale-tile change) 102.0 / 96.6 / 92.1
+/ 76.1 / 149.7 (spill) / 115.9 us.  One fixed tile
 instead: 4 rows gave T=4 5.5 us; 1 row gave T=192 25.5 us (four waves).  Measured on
 a5sim: codes and scales equal the golden's bit for bit (the harness fixture's hard rows and
 random BF16 bit patterns of every exponent).
@@ -73,7 +79,9 @@ from v41.abi import Arg, case_int, jit_options, resolve
 from v41.mx_encode import group_codes, quantize_tile  # noqa: F401  (quantize_tile re-exported)
 from v41.subgraph import one_subgraph
 
-ROW_TILES = (1, 2, 4, 8, 16)  # tokens per loop iteration (one task), picked at run time
+# tokens per loop iteration (one task), picked at run time; the last serves every launch
+# past 56 x 16 tokens (37 rows: T=4096 is two full waves of 111 tasks)
+ROW_TILES = (1, 2, 4, 8, 16, 37)
 VECTOR_CORES = 56  # A5 vector cores: a launch of <= 56 x tile tokens is one wave of tasks
 
 VARIANTS = {
@@ -170,9 +178,12 @@ def publish_rows(pypto, kv, window_slots, window_kv, window_kv_scale, tokens, lo
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
-          row_tiles: tuple = ROW_TILES, runtime_options: dict | None = None):
+          row_tiles: tuple = ROW_TILES, wave: int = VECTOR_CORES,
+          runtime_options: dict | None = None):
     """The jit kernel ``window_publish(kv, window_slots, window_kv, window_kv_scale)`` for
-    ``config`` and ``case`` (blocks fixed, tokens dynamic)."""
+    ``config`` and ``case`` (blocks fixed, tokens dynamic).  ``row_tiles`` (six ints) and
+    ``wave`` (tasks a wave) pick each launch's row tile; tests shrink them so a small launch
+    runs several partial tiles."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -181,10 +192,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     d, g, blocks, bs = dm["head_dim"], dm["groups"], dm["blocks"], dm["block_size"]
     group = config.cache.window_group
     tiles = tuple(row_tiles)
-    if len(tiles) != 5 or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+    if len(tiles) != 6 or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
                               for t in tiles):
-        raise ValueError(f"row_tiles: must be five ints >= 1, got {row_tiles!r}")
-    ta, tb, tc, td, te = tiles
+        raise ValueError(f"row_tiles: must be six ints >= 1, got {row_tiles!r}")
+    if isinstance(wave, bool) or not isinstance(wave, int) or wave < 1:
+        raise ValueError(f"wave: must be an int >= 1, got {wave!r}")
+    ta, tb, tc, td, te, tf = tiles
     lowest = 0 if variant != "negative_to_row0" else -(2 ** 30)  # smallest slot written
     truncate = variant == "truncate"
     scale_shift = 1.0 if variant == "scale_off_by_one" else 0.0
@@ -202,15 +215,17 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         args = (pypto, kv, window_slots, window_kv, window_kv_scale, tokens, lowest, group,
                 truncate, scale_shift)
         # the smallest row tile that keeps the launch to one wave (a task per vector core)
-        if tokens <= VECTOR_CORES * ta:
+        if tokens <= wave * ta:
             publish_rows(*args, ta)
-        elif tokens <= VECTOR_CORES * tb:
+        elif tokens <= wave * tb:
             publish_rows(*args, tb)
-        elif tokens <= VECTOR_CORES * tc:
+        elif tokens <= wave * tc:
             publish_rows(*args, tc)
-        elif tokens <= VECTOR_CORES * td:
+        elif tokens <= wave * td:
             publish_rows(*args, td)
-        else:
+        elif tokens <= wave * te:
             publish_rows(*args, te)
+        else:
+            publish_rows(*args, tf)
 
     return window_publish

@@ -49,6 +49,19 @@ def test_codes_equal_the_golden_bit_for_bit(a5sim):
     assert differing_bytes(out, gold) == 0
 
 
+@pytest.mark.parametrize("wave,rows", [(2, 7), (16, 3)])
+def test_several_row_tiles_in_one_launch_equal_the_golden(a5sim, wave, rows):
+    """Row tiles shrunk so the 40-token case runs several tiles of one branch: ``wave=2``
+    takes the last branch (six 7-row tiles, the last one partial), ``wave=16`` a middle one
+    (fourteen 3-row tiles)."""
+    tiles = (1, 2, 3, 4, 5, 7)
+    assert [t for t in tiles if CASE.tokens <= wave * t][:1] in ([rows], [])
+    verdicts, out, gold = run_with(a5sim, CASE, entry_mod.kernel_sut(row_tiles=tiles,
+                                                                     wave=wave))
+    assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
+    assert differing_bytes(out, gold) == 0
+
+
 def _bf16_over_every_exponent(rows: int, d: int, gen: torch.Generator) -> torch.Tensor:
     """BF16 ``[rows, d]`` with random signs and mantissas; each group of 32 has a random top
     exponent field (0..254) and elements up to 24 binades below it (field 0: subnormals)."""
