@@ -24,17 +24,16 @@ an expert's weights are decoded once per row tile of its rows (once per expert a
 sizes: 192 tokens x 6 / 384 experts is about 3 rows per expert).  The ``I_TILE`` blocks of
 ``h`` are whole MX groups, so ``MX(h)`` is quantized block by block (unrolled at trace
 time) into the scratch output ``h_mx`` (row ``r``: the even columns of
-``MX(h)``, then the odd ones; rows of no expert are left unwritten), which the W2 loop
-reads back as two ``[rows, inter/2]`` operands (an in-kernel ``pypto.tensor`` written by
-one loop and read by a sibling loop crashed the simulator with an invalid slot index).
+``MX(h)``, then the odd ones; rows of no expert are left unwritten), which the row tile's W2
+blocks read back as two ``[rows, inter/2]`` operands (an in-kernel ``pypto.tensor`` written
+by one loop and read by a sibling loop crashed the simulator with an invalid slot index).
 Rows at or past ``expert_offsets[L]`` are written with exact zeros.
 
-The kernel runs in three phases, each a loop of its own:
+The kernel runs in two phases, each a loop of its own:
 
 1. ``MX(x)`` of every dispatched row, its even columns then its odd ones, into the scratch
    output ``x_mx``;
-2. per expert and row tile, W1/W3 and the SwiGLU into ``h_mx``;
-3. per expert and row tile, W2 into ``y``.
+2. per expert and row tile, W1/W3 and the SwiGLU into ``h_mx``, then W2 into ``y``.
 
 The sums are the same in any phase order.  Schedule (A5 cost model): the runtime hands a
 core the ready tasks in order, so a small vector task queued behind the weight decodes
@@ -49,7 +48,13 @@ function: with a loop per block a 48-expert launch was 1 + 162 + 180 functions, 
 128 at a time into three submissions that the runtime ran one after another (each a vector
 decode wave, then a cube wave); now it is one submission, whose W2 decodes overlap the
 W1/W3 products (FLASH EP4 T=24 case 3,333.9 -> 2,649.9 us; rank 0's first 48-expert
-launch 3.10 M -> 2.56 M cycles).
+launch 3.10 M -> 2.56 M cycles).  With W2 still a loop of its own after the unrolling, the
+runtime ran every W2 decode first (they need nothing) while the cube idled, and every W2
+product last, a cube-only tail with the vector cores idle: a 48-expert launch with one row
+per expert (``moe``'s FLASH rank 0, whose balanced routing gives each of 84 experts one row)
+took 3,400 us with a loop per block and 3,638-3,698 us unrolled.  W2 in the same row tile
+as W1/W3 (one loop over experts) overlaps each expert's W2 products with later experts'
+decodes: that launch 3,029 us, the EP4 T=24 case's rank 0 first launch 1,197 us.
 
 Applying the route weight after W2 instead is the same product up to rounding (``MX(h*w)``
 vs ``MX(h)*w``): measured at TINY it stays inside the per-row bound, so the comparison
@@ -266,12 +271,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                     valid_shape=[valid, it // 2])
                     pypto.assemble(he, [start, p * (it // 2)], h_mx)
                     pypto.assemble(ho, [start, ih + p * (it // 2)], h_mx)
-        for j in pypto.loop(n_local, name="RE_EXPERTS2", idx_name="j"):
-            s = expert_offsets[j]
-            e = expert_offsets[j + 1]
-            for i in pypto.loop((e - s + rows - 1) // rows, name="RE_ROWS2", idx_name="i"):
-                start = s + i * rows
-                valid = (e - start).min(rows)
                 for nt in range(d // dt):  # unrolled at trace time
                     # all of K at once: h_mx holds MX(h)'s even columns, then its odd ones
                     lo, hi = mx_fp4_decode.fp4_pair_tile(pypto, w2, w2_scale, tables, j,
