@@ -214,16 +214,24 @@ def _latent_stage(pypto, kv_all, j, rows, valid, norm, d, eps):
         return rms_norm_rows(pypto, kv32, norm32, rows, valid, d, eps)
 
 
+def _tile_positions(pypto, position_ids, start, rows, valid, pos_shift):
+    """INT32 ``[rows]`` RoPE positions of a tile: ``position_ids[start:]`` plus ``pos_shift``
+    (ratio 2 publishes at ``p - 1``)."""
+    pypto.set_vec_tile_shapes(rows)
+    pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
+    return pos if pos_shift == 0 else pypto.add(pos, pos_shift)
+
+
 def _kv_stage(pypto, latent, rows, valid, start, active, position_ids, compressed_slots,
-              freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale, dm, lowest, switches):
+              freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale, dm, lowest, switches,
+              pos_shift=0):
     """RoPE'd MXFP4 KV of a tile's latents and its rows' writes: one task.  Returns the
     rotated latent (the index projection's input of the ``index_from_rotated`` variant)."""
     d, rd = dm["head_dim"], dm["rope_dim"]
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, 8), d)
         latent = pypto.view(latent, [rows, d], [0, 0], valid_shape=[valid, d])
-        pypto.set_vec_tile_shapes(rows)
-        pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
+        pos = _tile_positions(pypto, position_ids, start, rows, valid, pos_shift)
         rot_kv = _rope_full32(pypto, latent, freqs_cos, freqs_sin, pos, rows, valid, d, rd)
         _encode_rows(pypto, rot_kv, rows, valid, d, dm["kv_group"], "e4m3", switches,
                      (compressed_slots, position_ids, start, active, lowest),
@@ -233,7 +241,7 @@ def _kv_stage(pypto, latent, rows, valid, start, active, position_ids, compresse
 
 def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
                index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
-               switches):
+               switches, pos_shift=0):
     """Index key of one tile from its FP32 projection: RMSNorm, RoPE, MXFP4, row writes;
     one task."""
     di, rd = dm["index_dim"], dm["rope_dim"]
@@ -244,8 +252,7 @@ def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_
         k32 = pypto.view(k32, [rows, di], [0, 0], valid_shape=[valid, di])
         k32 = pypto.cast(pypto.cast(k32, pypto.DT_BF16), pypto.DT_FP32)
         key = rms_norm_rows(pypto, k32, index_norm32, rows, valid, di, eps)
-        pypto.set_vec_tile_shapes(rows)
-        pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
+        pos = _tile_positions(pypto, position_ids, start, rows, valid, pos_shift)
         cos_f, sin_f = rope_factors(pypto, freqs_cos, freqs_sin, pos, rows, valid, rd)
         partner = partner_index(pypto, rd)
         rot_key = rope_tail(pypto, key, cos_f, sin_f, partner, rows, valid, di, rd)
@@ -257,14 +264,27 @@ def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_
 def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, eps, lowest,
                     switches):
     """Encode tile ``j`` of a projection tile: KV stage, index projection, key stage."""
-    (position_ids, compressed_slots, norm, index_wk, index_norm, freqs_cos, freqs_sin,
-     compressed_kv, compressed_kv_scale, index_key, index_key_scale) = x_args
+    norm = x_args[2]
     start = pstart + j * rows
     valid = (pvalid - j * rows).min(rows)
     latent = _latent_stage(pypto, kv_all, j, rows, valid, norm, dm["head_dim"], eps)
+    publish_latent(pypto, latent, rows, valid, start, active, x_args, dm, eps, lowest,
+                   switches)
+
+
+def publish_latent(pypto, latent, rows, valid, start, active, x_args, dm, eps, lowest,
+                   switches, pos_shift=0):
+    """(Also :mod:`v41.compressor_ratio2`'s publication, with ``pos_shift`` -1.)
+    Publication of a tile of BF16 latents (rows ``start ..``, ``valid`` real, tokens
+    below ``active``): KV stage (one task), index projection (cube), key stage (one task),
+    each stage writing its live rows itself; RoPE at ``position_ids + pos_shift``.
+    ``x_args`` = ``(position_ids, compressed_slots, norm, index_wk, index_norm, freqs_cos,
+    freqs_sin, compressed_kv, compressed_kv_scale, index_key, index_key_scale)``."""
+    (position_ids, compressed_slots, _norm, index_wk, index_norm, freqs_cos, freqs_sin,
+     compressed_kv, compressed_kv_scale, index_key, index_key_scale) = x_args
     rot_kv = _kv_stage(pypto, latent, rows, valid, start, active, position_ids,
                        compressed_slots, freqs_cos, freqs_sin, compressed_kv,
-                       compressed_kv_scale, dm, lowest, switches)
+                       compressed_kv_scale, dm, lowest, switches, pos_shift)
     if "index_from_rotated" in switches:
         pypto.set_vec_tile_shapes(min(rows, 8), dm["head_dim"])
         src = pypto.cast(rot_kv, pypto.DT_BF16)
@@ -275,7 +295,7 @@ def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, 
     k32 = pypto.matmul(src, index_wk, pypto.DT_FP32)  # [rows, di]
     _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
                index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
-               switches)
+               switches, pos_shift)
 
 
 def projection_k_tiles(hidden: int) -> list:

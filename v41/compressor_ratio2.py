@@ -11,19 +11,37 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
    capacity`` of the chunk's first position ``p0`` to row ``r`` of a kernel-local
    ``[requests, 2*head_dim]`` tensor ``prevs`` -- so the predecessor of token ``t`` is
    ``prevs[r]`` for the chunk's first token and workspace row ``requests + t - 1``
-   otherwise.  Task graph: every pooling tile reads ``prevs[r]`` (an edge from the ring
-   read of ``r``) and the workspace (edges from the projection), and every ring write of
-   ``r`` reads ``prevs[r]`` through an always-true ``where``, so it follows the read of the
-   row it may overwrite (pypto 0.2.0 gives a reader edges from the last loop that wrote a
-   tensor only: with the ring rows in the workspace, neither the pooling nor the ring
-   writes had an edge from the ring reads).  FLASH T=192 / 32 requests 210.7 -> 208.3 us,
-   T=512 505.5 -> 463.7 us, compressor_state T=192 453.8 -> 420.4 us;
-2. pooling of each token with its predecessor (per-channel softmax over the pair, FP32),
-   BF16 round, RMSNorm -> latent, and publication at compressed position ``p - 1`` through
-   :func:`v41.compressor_common.encode_tile` at every token whose slot is ``>= 0`` (the
-   host guarantees that only odd positions carry slots);
-3. ring writes: only the last ``min(chunk, capacity)`` rows of the chunk, row ``p %
-   capacity`` of the request's block, so each ring row has one writer.
+   otherwise.  Task graph: every pooling tile reads ``prevs[r]`` and the workspace rows
+   it needs in one concatenation (edges from the ring read of ``r`` and from the
+   projection), and the ring writes of ``r`` copy rows of that tile, so they follow the
+   read of the row they may overwrite (pypto 0.2.0 gives a reader edges from the last loop
+   that wrote a tensor only: with the ring rows in the workspace, neither the pooling nor
+   the ring writes had an edge from the ring reads);
+2. per tile of ROW_TILE tokens of a request: pooling of each token with its predecessor
+   (per-channel softmax over the pair, FP32), BF16 round, RMSNorm -> latent (one
+   subgraph; the norm weight as a ``[1, d]`` row is one task of every launch, also an
+   idle one, whose cost record the harness counts), then publication at compressed position ``p - 1`` through
+   :func:`v41.compressor_ratio1.publish_latent` (the KV stage and the key stage one
+   subgraph each, writing their live rows themselves: one ``assemble`` per row of a view
+   whose runtime row count is 1 for a token whose slot is ``>= 0``, else 0; the host
+   guarantees that only odd positions carry slots);
+3. ring writes, from the same tile: only the last ``min(chunk, capacity)`` rows of the
+   chunk, row ``p % capacity`` of the request's block, so each ring row has one writer
+   (one ``assemble`` per tile row of a view of 1 or 0 rows: a copy task each, with one
+   edge, from the tile, instead of edges from every projection task its row spans).
+
+Schedule (A5 cost model, FLASH): before this, each tile's publication wrote its rows in a
+per-row loop of four copy tasks, and the ring writes were a per-row loop of tasks, each
+with edges from every projection task whose columns its row spans.  The AICPU resolves a
+finished task's successor edges serially (390 cycles each), so the projection tasks, with
+65-78 successors each, held the pooling for ~100 k cycles after the projection ended when
+several of them were resolved by one AICPU thread (T=48: 3 on one thread, 91 k cycles);
+the many per-row loop bodies also split T=192 into two stitched submissions.  Now:
+T=192 / 32 requests 208.3 -> 156.6 us, T=512 / 2 requests 463.7 -> 340.1 us, T=48 173.6
+-> 131.4 us, T=4 94.3 -> 86.9 us, compressor_state T=192 420.4 -> 343.5 us; TINY 43.3 ->
+37.3 us and 91.0 -> 75.9 us (the norm row in each tile's own task instead: T=192 163.3,
+T=512 324.7, compressor_state 325.1 us, but an idle launch then has no task and no cost
+record).  The outputs are byte-equal to the kernel before.
 
 A disabled request (block -1) or an empty one reads no ring row and writes nothing but its
 tokens' projection rows in the workspace (its loops run zero times; the ring read sits
@@ -68,8 +86,10 @@ result; its first ``requests`` rows are no longer written).
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.compressor_common import encode_tile, rms_norm_rows
+from v41.compressor_common import rms_norm_rows
 from v41.compressor_ratio1 import dims as _publication_dims
+from v41.compressor_ratio1 import publish_latent
+from v41.subgraph import one_subgraph
 from v41.cube_tiles import row_tile
 
 ROW_TILE = 8  # tokens per pooling loop iteration (and projection row tile of small launches)
@@ -136,6 +156,57 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
+def _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids, nreq, r, start,
+                first, valid, rows, d, sw, eps, ring_rows):
+    """BF16 latents of a tile of request ``r`` from row ``start`` (``first`` 1 for the
+    chunk's first tile): each token pooled with its predecessor, BF16 round, RMSNorm; and
+    the tile's ring writes; one subgraph (the cost model shows the predecessor-row copy-ins
+    and each ring row's copy as tasks of their own).  ``ring_rows`` is ``None`` (no ring writes) or
+    ``(blk, lo, hi, ring)``: token ``t`` of the tile with ``lo <= t < hi`` writes its
+    projection row to ring row ``position_ids[t] % ring`` of state block ``blk``."""
+    with one_subgraph(pypto):
+        # one read of the workspace: rows from nreq + start - 1 + first, behind prevs[r]
+        # (the chunk's first token's predecessor, the ring row); the predecessors are that
+        # from row 1 - first, the tile's own rows from row 2 - first
+        pypto.set_vec_tile_shapes(rows, sw)
+        cat = pypto.concat([
+            pypto.view(prevs, [1, sw], [r, 0]),
+            pypto.view(workspace, [rows + 1, sw], [nreq + start - 1 + first, 0],
+                       valid_shape=[valid + 1 - first, sw]),
+        ], 0)
+        both = pypto.view(cat, [rows, sw], [1 - first, 0], valid_shape=[valid, sw])
+        cur = pypto.view(cat, [rows, sw], [2 - first, 0], valid_shape=[valid, sw])
+        pypto.set_vec_tile_shapes(rows, d)
+        kv_c = pypto.view(cur, [rows, d], [0, 0], valid_shape=[valid, d])
+        sc_c = pypto.view(cur, [rows, d], [0, d], valid_shape=[valid, d])
+        kv_p = pypto.view(both, [rows, d], [0, 0], valid_shape=[valid, d])
+        sc_p = pypto.view(both, [rows, d], [0, d], valid_shape=[valid, d])
+        pypto.set_vec_tile_shapes(rows, d)
+        hi = pypto.maximum(sc_p, sc_c)
+        ep = pypto.exp(pypto.sub(sc_p, hi))
+        ec = pypto.exp(pypto.sub(sc_c, hi))
+        total = pypto.add(ep, ec)
+        pooled = pypto.add(pypto.mul(pypto.div(ep, total), kv_p),
+                           pypto.mul(pypto.div(ec, total), kv_c))
+        pooled = pypto.cast(pypto.cast(pooled, pypto.DT_BF16), pypto.DT_FP32)
+        latent = rms_norm_rows(pypto, pooled, norm32, rows, valid, d, eps)
+        if ring_rows is not None:
+            # each ring row by one assemble of a view whose runtime row count is 1 for a
+            # written token and 0 otherwise (a copy task each, whose one edge is from this
+            # tile, which read prevs[r]: the writes follow the ring read of r)
+            blk, lo, hi_t, ring = ring_rows
+            for rr in range(rows):
+                t = start + rr
+                live = (t - lo + 1).max(0).min(1).min((hi_t - t).max(0).min(1))
+                p = position_ids[t.min(hi_t - 1).max(lo)]
+                pypto.set_vec_tile_shapes(1, sw)
+                row = pypto.mul(pypto.view(cur, [1, sw], [rr, 0], valid_shape=[live, sw]), 1.0)
+                pypto.set_vec_tile_shapes(1, 1, sw)
+                pypto.assemble(pypto.reshape(row, [1, 1, sw], valid_shape=[live, 1, sw]),
+                               [blk, p % ring, 0], state_cache)
+        return latent
+
+
 def build(config, case: dict | None = None, *, variant: str = "reference",
           runtime_options: dict | None = None):
     """The jit kernel ``compressor_ratio2(...)`` in :data:`ABI` order (capacity, blocks,
@@ -184,10 +255,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         state_cache: pypto.Tensor([nsb, ring, sw], pypto.DT_FP32),
         workspace: pypto.Tensor([ws_dim, sw], pypto.DT_FP32),
     ):
-        # index_norm as a [1, index_dim] row: one task of every launch, also an idle one
-        # (num_tokens = 0), which the harness counts by its cost record
-        pypto.set_vec_tile_shapes(1, di)
-        index_norm32 = pypto.reshape(index_norm, [1, di])
+        # the norm weight as a [1, d] row, read by every pooling tile: one task of every
+        # launch, also an idle one (num_tokens = 0), which the harness counts by its cost
+        # record (a reshape no task reads is dropped)
+        pypto.set_vec_tile_shapes(1, d)
+        norm32 = pypto.reshape(norm, [1, d])
         # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
         pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [128, 128])
         # phase 1, before any state write: the ring row (p0 - 1) % capacity of each enabled
@@ -244,7 +316,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
                     pypto.set_vec_tile_shapes(1, sw)
                     pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
-        # phases 2 and 3 per request: pooling and publication, then the ring writes
+        # phases 2 and 3 per tile of a request: pooling, the ring writes, publication
         for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
             s = query_start_loc[r]
             e = query_start_loc[r + 1]
@@ -255,72 +327,18 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 start = s + i * rows
                 valid = (e - start).min(rows)
                 first = (1 - i).max(0)
-                # predecessor rows: workspace row nreq + t - 1, except for the chunk's first
-                # token (tile 0, row 0), whose predecessor is the ring row read to prevs[r]:
-                # [prevs[r]; workspace rows from nreq + start - 1 + first] from row 1 - first
-                pypto.set_vec_tile_shapes(rows, sw)
-                both = pypto.view(pypto.concat([
-                    pypto.view(prevs, [1, sw], [r, 0]),
-                    pypto.view(workspace, [rows, sw], [nreq + start - 1 + first, 0],
-                               valid_shape=[valid, sw]),
-                ], 0), [rows, sw], [1 - first, 0], valid_shape=[valid, sw])
-                pypto.set_vec_tile_shapes(rows, d)
-                kv_c = pypto.view(workspace, [rows, d], [nreq + start, 0], valid_shape=[valid, d])
-                sc_c = pypto.view(workspace, [rows, d], [nreq + start, d], valid_shape=[valid, d])
-                kv_p = pypto.view(both, [rows, d], [0, 0], valid_shape=[valid, d])
-                sc_p = pypto.view(both, [rows, d], [0, d], valid_shape=[valid, d])
-                # the norm weight as a [1, d] row, in each tile's own task
-                pypto.set_vec_tile_shapes(1, d)
-                norm32 = pypto.reshape(norm, [1, d])
-                pypto.set_vec_tile_shapes(rows, d)
-                hi = pypto.maximum(sc_p, sc_c)
-                ep = pypto.exp(pypto.sub(sc_p, hi))
-                ec = pypto.exp(pypto.sub(sc_c, hi))
-                total = pypto.add(ep, ec)
-                pooled = pypto.add(pypto.mul(pypto.div(ep, total), kv_p),
-                                   pypto.mul(pypto.div(ec, total), kv_c))
-                pooled = pypto.cast(pypto.cast(pooled, pypto.DT_BF16), pypto.DT_FP32)
-                latent = rms_norm_rows(pypto, pooled, norm32, rows, valid, d, eps)
-                pypto.set_vec_tile_shapes(rows)
-                cpos = pypto.add(pypto.view(position_ids, [rows], [start], valid_shape=[valid]), -1)
-                kv_q, kv_s, ik_q, ik_s = encode_tile(
-                    pypto, latent, cpos, freqs_cos=freqs_cos, freqs_sin=freqs_sin,
-                    index_wk=index_wk, index_norm32=index_norm32, rows=rows, valid=valid,
-                    dims=dm, eps=eps, variant=switches)
-                pypto.set_vec_tile_shapes(8, d)
-                for rr in pypto.loop(valid, name="C2_ROWS", idx_name="rr"):
-                    slot = compressed_slots[start + rr]
-                    if slot >= 0:
-                        at = [slot // bs, slot % bs, 0, 0]
-                        pypto.assemble(pypto.reshape(pypto.view(kv_q, [1, kvb], [rr, 0]),
-                                                     [1, 1, 1, kvb]), at, compressed_kv)
-                        pypto.assemble(pypto.reshape(pypto.view(kv_s, [1, kvg], [rr, 0]),
-                                                     [1, 1, 1, kvg]), at, compressed_kv_scale)
-                        pypto.assemble(pypto.reshape(pypto.view(ik_q, [1, ikb], [rr, 0]),
-                                                     [1, 1, 1, ikb]), at, index_key)
-                        pypto.assemble(pypto.reshape(pypto.view(ik_s, [1, ikg], [rr, 0]),
-                                                     [1, 1, 1, ikg]), at, index_key_scale)
-            # phase 3: the last min(chunk, ring) rows of the chunk
-            skip = (e - s - ring).max(0)
-            if late_read:
-                en = 0  # already written in phase 1
-            for j in pypto.loop((e - s - skip) * en, name="C2_RING", idx_name="j"):
-                if first_rows:
-                    t = s + j
+                if late_read:
+                    ring_rows = None  # written in phase 1
+                elif first_rows:
+                    ring_rows = (blk, s, s + (e - s).min(ring), ring)
                 else:
-                    t = s + skip + j
-                p = position_ids[t]
-                pypto.set_vec_tile_shapes(1, sw)
-                row = pypto.view(workspace, [1, sw], [nreq + t, 0])
-                if early_read:
-                    # prevs[r] (never selected) puts this write after the ring read of r
-                    pypto.set_vec_tile_shapes(1)
-                    pos_t = pypto.view(position_ids, [1], [t])
-                    keep = pypto.reshape(pypto.eq(pos_t, pos_t), [1, 1])
-                    pypto.set_vec_tile_shapes(1, sw)
-                    row = pypto.where(pypto.expand_clone(keep, [1, sw]), row,
-                                      pypto.view(prevs, [1, sw], [r, 0]))
-                pypto.set_vec_tile_shapes(1, 1, sw)
-                pypto.assemble(pypto.reshape(row, [1, 1, sw]), [blk, p % ring, 0], state_cache)
+                    ring_rows = (blk, e - (e - s).min(ring), e, ring)
+                latent = _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids,
+                                     nreq, r, start, first, valid, rows, d, sw, eps, ring_rows)
+                publish_latent(pypto, latent, rows, valid, start, e,
+                               (position_ids, compressed_slots, norm, index_wk, index_norm,
+                                freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale,
+                                index_key, index_key_scale), dm, eps, -(2 ** 30), switches,
+                               pos_shift=-1)
 
     return compressor_ratio2
