@@ -39,19 +39,42 @@ comb    (tokens, hc, hc)        float32   out
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
 
-ROW_TILE = 8  # rows per loop iteration
+ROW_TILE = 8  # rows per loop iteration up to SPLIT_K_MAX_ROW_TILES row tiles
 # FP32 elements per vector tile of the sum of squares (80 KiB): [4, 5120] at FLASH; the old
 # 8,192 gave one-row tiles, 16 small vector tasks a loop iteration.
 VEC_TILE_FP32_ELEMS = 20480
 # FLASH T=192 122.4 -> 114.0 us.  (A matmul K tile of 2,048 instead of 1,024 gave 108.3 us
 # and T=7 62.7 us, but it changes the FP32 accumulation order of the matmul's output.)
 MATMUL_K_TILE = 1024
-# Launches of at most this many row tiles take the product as one cube task per K tile
+# Launches of at most this many ROW_TILE tiles take the product as one cube task per K tile
 # (:func:`_split_k_product`): at FLASH T=7 the one product task was 98.9 k of the launch's
 # 153 k cycles (20 K tiles on one cube core).  T = 4 / 7 / 16 / 48: 78.7 / 78.7 / 79.0 /
-# 85.5 -> 50.1 / 50.1 / 54.0 / 77.0 us; at T=96 (12 row tiles) 95.9 -> 114.7 and T=192
-# 114.0 -> 184.2 us (20 cube tasks a row tile swamp the AICPU), so those keep one product.
+# 85.5 -> 50.1 / 50.1 / 54.0 / 77.0 us.
 SPLIT_K_MAX_ROW_TILES = 6
+# Larger launches: BIG_ROW_TILE rows per loop iteration, also split by K tile.  With 8-row
+# tiles the product was one cube task per row tile (FLASH T=192: 24 tasks of 98.9 k cycles,
+# 97 k of them on MTE_IN copying fn's [24, 1024] K tiles again for every row tile; 114.0
+# us; 20 K-tile tasks per 8-row tile: 184.2 us); now 67.7 us.  The products are [96, 1024]
+# per K tile: the CPU interpreter's FP32 matmul may sum them in another order than 8-row
+# products, so these launches' bits differ from the 8-row schedule's (inside the bounds:
+# TINY T=192 post row RMS 0.0018 -> 0.0064 % of its bound).
+BIG_ROW_TILE = 96
+# Past 2 * BIG_ROW_TILE tokens, HUGE_ROW_TILE rows: with 96 the runtime ran the iterations two
+# at a time (FLASH T=512 228.9 us, T=1024 481.9, against 211.1 / 426.7 with 8-row tiles);
+# with 192: 172.0 / 318.1 (192 rows at T=192: 71.4, compile 1.01 s against 0.62).
+HUGE_ROW_TILE = 192
+# Cube M tile of those products: [48, 256] FP32 operands fill 48 KiB of L0A.  With 16 the
+# [96, 1024] products were 6x as many traced cube tiles: compile 1.03 -> 0.62 s CPU at
+# FLASH T=192 (T=4: 0.56), 73.0 -> 67.7 us.
+BIG_CUBE_M = 48
+# The K-tile partials of a one-tile or BIG_ROW_TILE launch go to one scratch row block and
+# come back in one copy per GATHER_ROWS-row vector tile (20 copies of 1.4 k cycles of GM
+# latency each, one after the other, were 30 k of the adding task's 44 k; FLASH T=7 50.1 ->
+# 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
+# (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.
+GATHER_ROWS = 32
+# BIG_ROW_TILE launches run Sinkhorn in a loop of its own, ROW_TILE rows a task: in the row
+# loop, one task per row was 96 tasks of 14.9 k cycles an iteration and 15 k traced ops.
 
 VARIANTS = {
     "reference": "the contract",
@@ -103,6 +126,28 @@ def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
     return m
 
 
+def _gathered_split_k_product(pypto, flat, fn, rows, valid, k, n, parts, start):
+    """:func:`_split_k_product` with the K-tile products assembled side by side into rows
+    ``start ..`` of the scratch ``parts [tokens, nq * n]`` and read back in one copy per
+    ``GATHER_ROWS``-row tile (``* 1.0``: exact), then added in K order from that copy: the
+    same FP32 sums in the same order."""
+    nq = -(-k // MATMUL_K_TILE)
+    for q in range(nq):  # unrolled at trace time
+        kq = min(MATMUL_K_TILE, k - q * MATMUL_K_TILE)
+        xv = pypto.view(flat, [rows, kq], [0, q * MATMUL_K_TILE], valid_shape=[valid, kq])
+        fv = pypto.view(fn, [n, kq], [0, q * MATMUL_K_TILE])
+        mm = pypto.matmul(xv, fv, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(rows, 32)
+        pypto.assemble(mm, [start, q * n], parts)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, nq * n)
+    p = pypto.mul(pypto.view(parts, [rows, nq * n], [start, 0], valid_shape=[valid, nq * n]),
+                  1.0)
+    acc = pypto.view(p, [rows, n], [0, 0], valid_shape=[valid, n])
+    for q in range(1, nq):
+        acc = pypto.add(acc, pypto.view(p, [rows, n], [0, q * n], valid_shape=[valid, n]))
+    return acc
+
+
 def _split_k_product(pypto, flat, fn, rows, valid, k, n):
     """FP32 ``flat @ fn^T`` as one cube product per ``MATMUL_K_TILE`` slice of K (each on
     its own cube core), added in K order on the vector cores: the same FP32 sums, in the
@@ -140,8 +185,16 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     eps = float(config.hc.eps)
     rms_eps = float(config.rms_norm_eps)
     inv_count = 1.0 / hc_dim
-    rows = ROW_TILE
-    split_k = -(-case_int(case, "tokens", default=rows, minimum=1) // rows) <= SPLIT_K_MAX_ROW_TILES
+    # schedule by the case's token count (trace time; tokens stays a dynamic axis)
+    n_tokens = case_int(case, "tokens", default=ROW_TILE, minimum=1)
+    row_tiles = -(-n_tokens // ROW_TILE)
+    big = row_tiles > SPLIT_K_MAX_ROW_TILES
+    if not big:
+        rows = ROW_TILE
+    else:
+        rows = HUGE_ROW_TILE if n_tokens > 2 * BIG_ROW_TILE else BIG_ROW_TILE
+    gather = big or row_tiles == 1
+    nq = -(-hc_dim // MATMUL_K_TILE)
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -158,6 +211,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = x_hc.shape[0]
         x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
+        if gather:
+            parts = pypto.Tensor([tokens, nq * mix], pypto.DT_FP32)  # K-tile partials
+        if big:
+            logits_all = pypto.Tensor([tokens, hc, hc], pypto.DT_FP32)  # Sinkhorn's input
         pypto.set_vec_tile_shapes(1, 32)
         s2 = pypto.reshape(scale, [1, 3])
         b2 = pypto.reshape(base, [1, mix])
@@ -165,8 +222,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
         sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
         sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
-        # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
-        pypto.set_cube_tile_shapes([16, 16], [256, MATMUL_K_TILE], [32, 32])
+        # FP32 operands: L0A holds m0 x k0 and L0B k0 x n0 x 4 bytes, each <= 64 KiB
+        m0 = BIG_CUBE_M if big else 16
+        pypto.set_cube_tile_shapes([m0, m0], [256, MATMUL_K_TILE], [32, 32])
         for i in pypto.loop((tokens + rows - 1) // rows, name="HC_MIXES_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
@@ -176,10 +234,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for h in range(1, hc):
                 xh = pypto.view(flat, [rows, hidden], [0, h * hidden], valid_shape=[valid, hidden])
                 sq = pypto.add(sq, pypto.sum(pypto.mul(xh, xh), -1, keepdim=True))
-            if split_k:
-                mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)  # [rows, mix]
+            if gather:
+                mm = _gathered_split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix,
+                                               parts, start)  # [rows, mix]
             else:
-                mm = pypto.matmul(flat, fn, pypto.DT_FP32, b_trans=True)  # [rows, mix]
+                mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)
             pypto.set_vec_tile_shapes(rows, 32)
             if use_rms:
                 rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
@@ -197,9 +256,24 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
             pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
             pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
-            pypto.set_vec_tile_shapes(1, 16, 32)
-            logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
-            m = _sinkhorn(pypto, logits, passes, eps, row_last)
-            pypto.assemble(m, [start, 0, 0], comb)
+            if big:
+                pypto.set_vec_tile_shapes(rows, 16, 32)
+                pypto.assemble(pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc]),
+                               [start, 0, 0], logits_all)
+            else:
+                pypto.set_vec_tile_shapes(1, 16, 32)
+                logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
+                m = _sinkhorn(pypto, logits, passes, eps, row_last)
+                pypto.assemble(m, [start, 0, 0], comb)
+        if big:
+            for j in pypto.loop((tokens + ROW_TILE - 1) // ROW_TILE, name="HC_MIXES_SINKHORN",
+                                idx_name="s"):
+                s0 = j * ROW_TILE
+                v = (tokens - s0).min(ROW_TILE)
+                pypto.set_vec_tile_shapes(ROW_TILE, 16, 32)
+                logits = pypto.view(logits_all, [ROW_TILE, hc, hc], [s0, 0, 0],
+                                    valid_shape=[v, hc, hc])
+                m = _sinkhorn(pypto, logits, passes, eps, row_last)
+                pypto.assemble(m, [s0, 0, 0], comb)
 
     return hc_mixes
