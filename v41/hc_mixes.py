@@ -54,18 +54,18 @@ SPLIT_K_MAX_ROW_TILES = 6
 # Larger launches: BIG_ROW_TILE rows per loop iteration, also split by K tile.  With 8-row
 # tiles the product was one cube task per row tile (FLASH T=192: 24 tasks of 98.9 k cycles,
 # 97 k of them on MTE_IN copying fn's [24, 1024] K tiles again for every row tile; 114.0
-# us; 20 K-tile tasks per 8-row tile: 184.2 us); now 67.7 us.  The products are [96, 1024]
+# us; 20 K-tile tasks per 8-row tile: 184.2 us); now 80.3 us.  The products are [96, 1024]
 # per K tile: the CPU interpreter's FP32 matmul may sum them in another order than 8-row
 # products, so these launches' bits differ from the 8-row schedule's (inside the bounds:
 # TINY T=192 post row RMS 0.0018 -> 0.0064 % of its bound).
 BIG_ROW_TILE = 96
 # Past 2 * BIG_ROW_TILE tokens, HUGE_ROW_TILE rows: with 96 the runtime ran the iterations two
 # at a time (FLASH T=512 228.9 us, T=1024 481.9, against 211.1 / 426.7 with 8-row tiles);
-# with 192: 172.0 / 318.1 (192 rows at T=192: 71.4, compile 1.01 s against 0.62).
+# with 192: 188.2 / 321.5 (compile 1.8-2.5 s CPU against 0.6-0.9 at T <= 192).
 HUGE_ROW_TILE = 192
 # Cube M tile of those products: [48, 256] FP32 operands fill 48 KiB of L0A.  With 16 the
-# [96, 1024] products were 6x as many traced cube tiles: compile 1.03 -> 0.62 s CPU at
-# FLASH T=192 (T=4: 0.56), 73.0 -> 67.7 us.
+# [96, 1024] products were 6x as many traced cube tiles (compile 1.03 -> 0.62 s CPU at FLASH
+# T=192, 73.0 -> 67.7 us, measured with Sinkhorn in a loop of its own, see below).
 BIG_CUBE_M = 48
 # The K-tile partials of a one-tile or BIG_ROW_TILE launch go to one scratch row block and
 # come back in one copy per GATHER_ROWS-row vector tile (20 copies of 1.4 k cycles of GM
@@ -73,8 +73,11 @@ BIG_CUBE_M = 48
 # 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
 # (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.
 GATHER_ROWS = 32
-# BIG_ROW_TILE launches run Sinkhorn in a loop of its own, ROW_TILE rows a task: in the row
-# loop, one task per row was 96 tasks of 14.9 k cycles an iteration and 15 k traced ops.
+# BIG_ROW_TILE launches run Sinkhorn ROW_TILE rows a task (one row a task was 96 tasks of 14.9 k cycles an
+# iteration and 15 k traced ops; 8 rows: 12 tasks of 43.4 k).  It stays in the row loop: in a
+# loop of its own after it, reading the logits from a kernel-local [tokens, hc, hc] tensor,
+# pypto 0.2.0 gave every Sinkhorn task an edge from the LAST row iteration's writer only
+# (dyn_topo.txt at FLASH T=192), so the first iteration's rows were read unordered.
 
 VARIANTS = {
     "reference": "the contract",
@@ -194,6 +197,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     else:
         rows = HUGE_ROW_TILE if n_tokens > 2 * BIG_ROW_TILE else BIG_ROW_TILE
     gather = big or row_tiles == 1
+    sinkhorn_rows = ROW_TILE if big else 1
     nq = -(-hc_dim // MATMUL_K_TILE)
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     options = jit_options(runtime_options)
@@ -213,8 +217,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
         if gather:
             parts = pypto.Tensor([tokens, nq * mix], pypto.DT_FP32)  # K-tile partials
-        if big:
-            logits_all = pypto.Tensor([tokens, hc, hc], pypto.DT_FP32)  # Sinkhorn's input
         pypto.set_vec_tile_shapes(1, 32)
         s2 = pypto.reshape(scale, [1, 3])
         b2 = pypto.reshape(base, [1, mix])
@@ -256,24 +258,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
             pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
             pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
-            if big:
-                pypto.set_vec_tile_shapes(rows, 16, 32)
-                pypto.assemble(pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc]),
-                               [start, 0, 0], logits_all)
-            else:
-                pypto.set_vec_tile_shapes(1, 16, 32)
-                logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
-                m = _sinkhorn(pypto, logits, passes, eps, row_last)
-                pypto.assemble(m, [start, 0, 0], comb)
-        if big:
-            for j in pypto.loop((tokens + ROW_TILE - 1) // ROW_TILE, name="HC_MIXES_SINKHORN",
-                                idx_name="s"):
-                s0 = j * ROW_TILE
-                v = (tokens - s0).min(ROW_TILE)
-                pypto.set_vec_tile_shapes(ROW_TILE, 16, 32)
-                logits = pypto.view(logits_all, [ROW_TILE, hc, hc], [s0, 0, 0],
-                                    valid_shape=[v, hc, hc])
-                m = _sinkhorn(pypto, logits, passes, eps, row_last)
-                pypto.assemble(m, [s0, 0, 0], comb)
+            pypto.set_vec_tile_shapes(sinkhorn_rows, 16, 32)
+            logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
+            m = _sinkhorn(pypto, logits, passes, eps, row_last)
+            pypto.assemble(m, [start, 0, 0], comb)
 
     return hc_mixes

@@ -40,8 +40,8 @@ def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
 @pytest.mark.parametrize("tokens", [100, 200])
 def test_large_launch_schedules_hold_the_bounds(a5sim, tokens):
     """The BIG_ROW_TILE schedule (T=100: a 96-row tile and a 4-row tail) and the
-    HUGE_ROW_TILE one (T=200: 192 + 8), with their gathered K-tile partials and the separate
-    Sinkhorn loop, hold every bound (the default matrix's TINY cases take the one-tile and
+    HUGE_ROW_TILE one (T=200: 192 + 8), with their gathered K-tile partials and 8-row
+    Sinkhorn tiles, hold every bound (the default matrix's TINY cases take the one-tile and
     the split-K schedules)."""
     verdicts, outputs, _ = run_variant(a5sim, Case(entry=ENTRY, tokens=tokens))
     assert {v.output for v in verdicts} >= {"pre", "post", "comb"}
@@ -49,8 +49,8 @@ def test_large_launch_schedules_hold_the_bounds(a5sim, tokens):
     assert outputs["comb"].shape[0] == tokens
 
 
-def test_large_launch_sinkhorn_loop_is_compared(a5sim):
-    """Half the Sinkhorn passes in the BIG_ROW_TILE schedule's own Sinkhorn loop fail comb
+def test_large_launch_sinkhorn_is_compared(a5sim):
+    """Half the Sinkhorn passes in the BIG_ROW_TILE schedule's 8-row Sinkhorn tiles fail comb
     on the "sharp" fixture (on "mixed" data they stay inside the bound)."""
     verdicts, _, _ = run_variant(a5sim, Case(entry=ENTRY, tokens=100, kind="sharp"),
                                  variant="half_sinkhorn")
