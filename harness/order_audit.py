@@ -1,0 +1,171 @@
+"""``python -m harness.order_audit DIR``: loop iterations whose writes a later loop reads with
+no dependency edge, in the task graphs of kept launches.
+
+pypto 0.2.0's runtime writes each launch's task graph to ``dyn_topo.txt`` (one line per task:
+its stitched submission ``seqNo``, ``taskId`` whose high bits above bit 20 number the root
+function, i.e. one loop iteration, the root function's ``rootHash``, and the ids of its
+successors).  Iterations of one ``pypto.loop`` share a ``rootHash``.  Seen there: a task of a
+later loop that reads a tensor written by every iteration of an earlier loop gets an edge
+from the LAST iteration's writer only (``hc_mixes`` with its Sinkhorn in a loop of its own,
+``o_proj`` past one row tile, ``qkv_proj_rope`` at FLASH T=48), and the cost model then starts
+it before the other iterations' writers end.  The CPU interpreter runs in program order, so
+the outputs do not show it; on a card the read would race the write.
+
+The audit flags, per launch, every (loop, later root function) pair where the later function
+(numbered after the loop's last iteration and not one of its nested functions, which are
+numbered right after their iteration) is a successor of some iteration of the loop but is not
+reachable, through any chain of edges, from every iteration.  A function fed by a loop's iterations for another reason (a
+WAR edge, a shared constant) looks the same, so a flag is a place to read the kernel, not a
+proof of a race; no flag means every iteration is ordered before every function any
+iteration feeds.  Launches keep their files with ``V41_RUN_DIR=DIR V41_KEEP_RUN_DIR=1``.
+Different stitched submissions run one after the other and are taken as ordered.
+Nothing here imports pypto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+Function = tuple[int, int]  # (seqNo, root function index)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A later root function fed by some iterations of a loop but unreachable from others."""
+    loop: str  # the loop's name from program.json, else its rootHash
+    iterations: tuple[Function, ...]
+    reader: Function
+    unordered: tuple[Function, ...]  # iterations with no path to ``reader``
+
+
+
+def parse_topo(text: str) -> tuple[dict[Function, str], dict[Function, set[Function]]]:
+    """(root hash of each root function, successor functions of each root function) from a
+    ``dyn_topo.txt``; edges inside one function are dropped."""
+    roots: dict[Function, str] = {}
+    succ: dict[Function, set[Function]] = defaultdict(set)
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("seqNo,taskId"):
+        raise ValueError("dyn_topo: the first line is not the 'seqNo,taskId,...' header")
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        f = line.split(",")
+        if len(f) < 10:
+            raise ValueError(f"dyn_topo line {n}: {len(f)} fields, expected at least 10")
+        seq, task = int(f[0]), int(f[1])
+        fn = (seq, task >> 20)
+        roots[fn] = f[3]
+        for s in f[10:]:
+            if s and (int(s) >> 20) != fn[1]:
+                succ[fn].add((seq, int(s) >> 20))
+    return roots, succ
+
+
+def findings(roots: dict[Function, str], succ: dict[Function, set[Function]],
+             names: dict[str, str] | None = None) -> list[Finding]:
+    """Every (loop, reader) pair with an iteration that cannot reach the reader."""
+    reach: dict[Function, set[Function]] = {}
+
+    def reachable(fn: Function) -> set[Function]:
+        if fn not in reach:
+            seen: set[Function] = set()
+            stack = [fn]
+            while stack:
+                for nxt in succ.get(stack.pop(), ()):
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+            reach[fn] = seen
+        return reach[fn]
+
+    loops: dict[tuple[int, str], list[Function]] = defaultdict(list)
+    for fn in sorted(roots):
+        loops[(fn[0], roots[fn])].append(fn)
+    out = []
+    for (_, h), its in loops.items():
+        if len(its) < 2:
+            continue
+        # an iteration's own nested functions are numbered right after it: those of the
+        # earlier iterations name the root hashes that are children, not later readers
+        nested = {roots.get(r) for a, b in zip(its, its[1:]) for r in succ.get(a, ())
+                  if a < r < b}
+        fed = {r for r in set().union(*(succ.get(fn, set()) for fn in its))
+               if r > its[-1] and roots.get(r) not in nested}
+        for reader in sorted(fed):
+            miss = tuple(fn for fn in its if reader not in reachable(fn))
+            if miss:
+                out.append(Finding((names or {}).get(h, h), tuple(its), reader, miss))
+    return out
+
+
+def _ids(fns, most: int = 8) -> str:
+    return ", ".join(str(f[1]) for f in fns[:most]) + (" ..." if len(fns) > most else "")
+
+
+def summary_lines(found: list[Finding]) -> list[str]:
+    """One line per (loop, unordered iterations): the functions those iterations do not reach."""
+    groups: dict[tuple, list[Function]] = defaultdict(list)
+    for f in found:
+        groups[(f.loop, f.iterations, f.unordered)].append(f.reader)
+    return [f"loop {loop} (iterations {_ids(its)}): iterations {_ids(miss)} reach none of "
+            f"{len(readers)} functions the loop feeds ({_ids(readers)})"
+            for (loop, its, miss), readers in groups.items()]
+
+
+def loop_names(program_json: Path) -> dict[str, str]:
+    """rootHash -> the root function's name (``TENSOR_<LOOP>_...``) from ``program.json``."""
+    try:
+        prog = json.loads(program_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(f.get("hash")): str(f.get("func_magicname", ""))
+            for f in prog.get("functions", []) if isinstance(f, dict)}
+
+
+def audit_dir(root: Path) -> dict[str, list[Finding]]:
+    """Findings per launch (its directory name) for every ``dyn_topo.txt`` under ``root``."""
+    out: dict[str, list[Finding]] = {}
+    for topo in sorted(root.rglob("dyn_topo.txt")):
+        launch = next((p.name for p in topo.parents if p.name.startswith("launch-")),
+                      str(topo.parent))
+        roots, succ = parse_topo(topo.read_text())
+        out[f"{launch} ({topo.parent.name})"] = findings(
+            roots, succ, loop_names(topo.parent / "program.json"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.order_audit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+", help="kept run directories (V41_RUN_DIR)")
+    args = ap.parse_args(argv)
+    flagged = total = 0
+    for d in args.dirs:
+        p = Path(d)
+        if not p.is_dir():
+            print(f"order_audit: {d}: not a directory", file=sys.stderr)
+            return 2
+        for launch, found in audit_dir(p).items():
+            total += 1
+            if found:
+                flagged += 1
+                print(f"FLAG {launch}: {len(found)} unordered (loop, reader) pairs")
+                for line in summary_lines(found)[:6]:
+                    print(f"  {line}")
+            else:
+                print(f"ok   {launch}")
+    if total == 0:
+        print("order_audit: no dyn_topo.txt found (keep launches with V41_KEEP_RUN_DIR=1)",
+              file=sys.stderr)
+        return 2
+    print(f"{total} launches, {flagged} flagged")
+    return 1 if flagged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
