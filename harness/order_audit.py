@@ -95,9 +95,11 @@ def findings(roots: dict[Function, str], succ: dict[Function, set[Function]],
         # earlier iterations name the root hashes that are children, not later readers
         nested = {roots.get(r) for a, b in zip(its, its[1:]) for r in succ.get(a, ())
                   if a < r < b}
-        fed = {r for r in set().union(*(succ.get(fn, set()) for fn in its))
-               if r > its[-1] and roots.get(r) not in nested}
-        for reader in sorted(fed):
+        later = {fn: {r for r in succ.get(fn, ()) if r > its[-1] and roots.get(r) not in nested}
+                 for fn in its}
+        if [fn for fn in its if later[fn]] != [its[-1]]:
+            continue  # several iterations feed later functions: tracked by rows, or none
+        for reader in sorted(later[its[-1]]):
             miss = tuple(fn for fn in its if reader not in reachable(fn))
             if miss:
                 out.append(Finding((names or {}).get(h, h), tuple(its), reader, miss))

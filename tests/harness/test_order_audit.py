@@ -75,3 +75,10 @@ def test_an_iterations_own_nested_functions_are_not_readers():
     text = topo([(1 * F, "w", [2 * F]), (2 * F, "n", []), (3 * F, "w", [4 * F, 5 * F]),
                  (4 * F, "n", []), (5 * F, "r", [])])
     assert [(f.reader[1], f.unordered) for f in findings(*parse_topo(text))] == [(5, ((0, 1),))]
+
+
+def test_row_tracked_edges_from_several_iterations_pass():
+    # iteration 1 feeds reader 3 and iteration 2 feeds reader 4: each reader its own rows
+    text = topo([(1 * F, "w", [3 * F]), (2 * F, "w", [4 * F]), (3 * F, "r", []),
+                 (4 * F, "r", [])])
+    assert findings(*parse_topo(text)) == []
