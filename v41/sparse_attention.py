@@ -27,9 +27,10 @@ Kernel algorithm (per token, all local heads at once):
   ``[keys, d]`` index (:func:`scale_index`).  A -1 id reads row 0 (a -1 index aborts the
   interpreter's gather) and is masked below.  The FP8/FP4 dtypes are not used: the
   interpreter misdecodes FP8 exponent 15 and has no FP4.
-* logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, one product per part, times
-  ``softmax_scale``; keys with a -1 index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) *
-  1e30`` (a sign test, exact for every INT32 id);
+* logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, one product per part (per block of
+  :func:`_pv_key_tile` keys in a larger part), times ``softmax_scale``; keys with a -1
+  index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
+  every INT32 id);
 * one softmax over all the token's logits with the sink (FP32, one subgraph): ``m =
   max(sink, max_j l_j)``, ``p_j = exp(l_j - m)``, ``l = exp(sink - m) + sum_j p_j``, as
   the golden computes it.  A token without a valid key gives exactly 0.
@@ -62,9 +63,7 @@ cycles between two of its tasks, and with 11 tasks a token the pipes were 39 % (
 41 % (cube) busy: FLASH TP4 T=192 389.5 -> 290.7 us (2,117 -> 1,061 tasks, both pipes 48 %
 busy), T=200 472.4 -> 373.6 us.  Below the wave nothing changes (T=4 80.2 us, TINY 41.1
 us): pairs there halve the tasks the cores share (T=4 112.7 us, TINY 48.8 us).  The
-arithmetic of each token is unchanged (outputs bit for bit the same).  What is left: the
-pair's compressed decode (85 k cycles, one task) and the products' copy-in of the decoded
-keys.
+arithmetic of each token is unchanged (outputs bit for bit the same).
 
 The decode in the group layout (``[1024, 16]`` tiles, one scale a tile row) spent its time
 on copies to global memory: the scale values reshaped from 1-D to ``[n, 1]`` on chip
@@ -73,11 +72,24 @@ global memory), and the result reshaped to ``[keys, d]``.  Tiles of whole keys n
 reshape, the scale comes from a gather (the cost model charges a gather by its smallest
 operand), and the index is INT16: the compressed decode went from 53.5 k to 42.9 k cycles
 and FLASH TP4 T=192 from 448 to 390 us (T=200 534 -> 472 us; T=4 79.6 -> 80.2 us; TINY
-40.8 -> 41.1 us), the outputs bit for bit the same.  What is left in it: each decoded key
-is still written twice (the logits read ``[512, 256]`` column blocks, the ``P.V``
-product ``[256, 512]`` row blocks of the same ``[512, 512]`` result, and pypto gives each
-row block its own copy; an N tile of 256 in both products fails to compile: UB spill), and
-the packed bytes go through global memory for the column gather of each element's byte.
+40.8 -> 41.1 us), the outputs bit for bit the same.
+
+Each decoded key was then written twice: the logits read ``[512, 256]`` column blocks of
+the ``[512, 512]`` result, the ``P.V`` product ``[256, 512]`` row blocks, and pypto gave
+each row block its own copy (an N tile of 256 in the ``P.V`` product instead fails to
+compile: UB spill in the output subgraph, also with ``[3, 8, 256]`` vector tiles there).
+The logits now take a part's keys in the ``P.V`` product's row blocks, one product per
+block concatenated (each logit is the same dot product), and the pair's four block
+products merge into one cube task (``cube_nbuffer_setting`` 4): the compressed decode
+85.2 k -> 61.7 k cycles, FLASH TP4 T=192 290.7 -> 279.5 us (T=200 373.6 -> 357.6 us, T=48
+124.4 -> 118.6 us, T=4 80.2 -> 75.3 us), outputs bit for bit the same.  The bound is now
+the AICPU's dispatch in both halves of the launch (ready queues of 40-110 tasks while 17-35
+of the 56 vector cores, later 21 of the 28 cube cores, are busy), and the cube's copy-in
+of the decoded keys (each product reads all of them: 2 x 512 KB a token).  What is left
+in the decode: the INT16 table index and the packed bytes still go through global memory
+for their gathers (a ``[384, 2]`` table of both nibbles, one row gather a byte, pads its
+``[n, 2]`` result to ``[n, 8]`` in UB and goes through global memory for the reshape to
+``[keys, d]``: 85 k -> 221 k cycles).
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
 a row's peak is ~16x its RMS, so one BF16 ulp of the output (a rounding flip caused by the
@@ -229,8 +241,9 @@ def abi(config, case: dict):
 # Merge up to 16 same-structure vector subgraphs of an iteration into one task: a part's
 # whole-key decode tiles are independent, and the partitioner otherwise makes each its own
 # task (FLASH TP4 T=192 1,675 us with 16 + 4 decode tasks a token; merging 8: 583 us, 32:
-# 424 us, 16: 390 us).
-PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}, "cube_nbuffer_setting": {-1: 2}}
+# 424 us, 16: 390 us).  Up to 4 cube ones: a pair's logits in two key blocks a token
+# (:func:`_pv_key_tile`; 2: 287.3 us, 4: 279.5 us).
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}, "cube_nbuffer_setting": {-1: 4}}
 # Past WAVE tokens (one wave of the 56 vector cores), the loop takes PAIR tokens an
 # iteration: the two tokens' same-structure subgraphs merge into one task each (vector by
 # the setting above, cube by ``cube_nbuffer_setting``), which halves the tasks and the
@@ -256,6 +269,16 @@ def _index_dtype(pypto):
 SUM_ROWS = 16  # heads per vector tile of the softmax and the three-term P.V sum
 
 
+def _pv_key_tile(h, n, d):
+    """Keys per L1 block of a part's ``P.V`` product (its ``k1``).  The logits take the
+    part's keys in blocks of this many rows, one product each, so both products read the
+    decoded keys in the same ``[k1, d]`` row blocks and the decode writes each key once:
+    with ``[512, 256]`` column blocks for the logits, pypto wrote every decoded key twice
+    (the compressed decode 85.2 k -> 61.7 k cycles a pair).  The per-key dot products,
+    and so the logits, are the same."""
+    return cube_tiles(3 * h, n, d, 2)[1][1]
+
+
 def _softmax_pv(pypto, qt, parts, sink, h, d, o):
     """``(products, m, l)`` of one token: one softmax over the logits of all ``parts``
     (``(keys [n_i, d] BF16, ids [1, n_i] INT32)``, in key order) with the sink in the
@@ -264,8 +287,16 @@ def _softmax_pv(pypto, qt, parts, sink, h, d, o):
     logits = []
     for kb, _ in parts:  # unrolled at trace time
         n = kb.shape[0]
-        pypto.set_cube_tile_shapes(*cube_tiles(h, d, n, 2))
-        logits.append(pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True))  # [h, n]
+        mt, kt, nt = cube_tiles(h, d, n, 2)
+        r = _pv_key_tile(h, n, d)
+        if r < n and n % r == 0:  # in the P.V product's row blocks
+            pypto.set_cube_tile_shapes(mt, kt, [r, r])
+            logits.append(pypto.concat([
+                pypto.matmul(qt, pypto.view(kb, [r, d], [i * r, 0]), pypto.DT_FP32,
+                             b_trans=True) for i in range(n // r)], 1))  # [h, n]
+        else:
+            pypto.set_cube_tile_shapes(mt, kt, nt)
+            logits.append(pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True))  # [h, n]
     hv = min(h, SUM_ROWS)
     with one_subgraph(pypto):
         ss, mx = [], None
