@@ -86,7 +86,7 @@ N_TILE = 128  # weight output rows decoded per tile
 QRQ_TILES = 4
 # Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores): FLASH
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
-# (32: 127.7 us, 96: 136.3 us); qkv_proj_rope keeps its 8 / 16 (64 took it 320 -> 331 us).
+# (32: 127.7 us, 96: 136.3 us); the K partial sums follow (rope_heads.tile_product).
 HEAD_TILE_ROWS = 64
 
 VARIANTS = {

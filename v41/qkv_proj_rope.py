@@ -25,7 +25,11 @@ Cost model (A5, FLASH TP4 rank, T=192): 575 -> 320 us.  The vector pass merge
 per-operation tasks 522 -> 398; fewer loop iterations (8 tiles unrolled per iteration, one
 row loop per head: the launch fits one 128-function stitched submission, where the last
 heads had waited for a second one) and ``MX(qr)`` in one-task tiles 398 -> 349; the MX
-steps in ``[160, 32]`` tiles 349 -> 320.  Tried: merging 4 subgraphs (456 us); the sum and
+steps in ``[160, 32]`` tiles 349 -> 320; the head loop's copy of its ``qrq`` rows (the last
+``MX(qr)`` task resolved 257 successor edges, 100 k AICPU cycles, before any head product
+could start; now 49), the K partial sums on 64-row tiles and the head weight decodes gated
+on ``xq`` (they no longer take the vector cores the ``wq_a`` decodes wait on at launch
+start) 295 -> 267 us (T=1024 1112 -> 938).  Tried: merging 4 subgraphs (456 us); the sum and
 cast of each head tile's K-chunk products as one task (331 us); stitching 256 or 512
 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation error).
 
@@ -70,7 +74,7 @@ from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import (MX_ROWS, mx_activation_rows, mx_tiles, project_heads, quantize_rows,
-                             row_tile_tasks, store_rope_head)
+                             row_tile_tasks, store_rope_head, tile_product)
 
 # Same-structure vector and cube subgraph pairs of a loop iteration merge into one task each
 # (partition only, same bits): cube pairs FLASH T=4 187.8 -> 179.2 us, T=192 298.4 -> 294.7.
@@ -78,6 +82,10 @@ PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
+# Rows of the vector tiles that add the products' K partials (and, in the head loop, cast,
+# rotate and store): 64 instead of 16 / 8, each tile paying ~1.5 k cycles of DDR copy-in
+# (the 16-row sums made each head tile a 76 k-cycle task at FLASH T=192).
+SUM_TILE_ROWS = 64
 
 VARIANTS = {
     "reference": "the contract",
@@ -172,7 +180,7 @@ def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
         for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
-            y = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, wt, width, k)
+            y = tile_product(pypto, xq, start, rows, valid, wt, width, k, SUM_TILE_ROWS)
             pypto.set_vec_tile_shapes(min(rows, 8), width)
             yb = pypto.view(pypto.cast(y, pypto.DT_BF16), [rows, width], [0, 0],
                             valid_shape=[valid, width])
@@ -249,6 +257,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                             hd, rd)
         # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded once
         project_heads(pypto, qrq, wq_b, wq_b_scale, q, tokens, heads, hd, ql, rope_cos,
-                      rope_sin, factors, rd, rows, N_TILE, "QKV_HEADS", scale_up=scale_up)
+                      rope_sin, factors, rd, rows, N_TILE, "QKV_HEADS", scale_up=scale_up,
+                      tile_rows=SUM_TILE_ROWS, clone_rows=True, gate=xq)
 
     return qkv_proj_rope

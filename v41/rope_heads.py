@@ -8,6 +8,7 @@ from v41.subgraph import one_subgraph
 MX_ROWS = 4  # tokens per MX activation tile, one task ([4, 5120] FP32 tiles compile)
 MX_TILES = 8  # such tiles per loop iteration, unrolled (fewer stitched loop iterations)
 GROUP_TILE = 160  # 32-element groups per vector tile of the MX steps (20 KB FP32)
+CLONE_ROWS = 64  # rows per vector tile of project_heads' activation copy (one edge each)
 
 
 def mx_activation_rows(pypto, x32, rows, valid, k):
@@ -83,21 +84,56 @@ def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, f
                    [start, col + nope], out)
 
 
+def gated(pypto, values, gate):
+    """FP32 ``values [n]`` unchanged (times exactly 1.0), as a task that waits for the last
+    writer of the BF16 DDR tensor ``gate`` (finite values; its first 16 entries read): a
+    scheduling edge.  Weight decodes that take a gated table are not dispatched at launch
+    start, where they would take vector cores from the decodes the launch's critical path
+    waits on."""
+    n = values.shape[0]
+    pypto.set_vec_tile_shapes(1, 16)
+    g = pypto.cast(pypto.view(gate, [1, 16], [0, 0]), pypto.DT_FP32)
+    one = pypto.mul(pypto.sum(pypto.add(pypto.mul(g, 0.0), 1.0), -1, keepdim=True), 1.0 / 16)
+    pypto.set_vec_tile_shapes(1, n)
+    return pypto.reshape(pypto.mul(pypto.reshape(values, [1, n]), one), [n])
+
+
+def tile_product(pypto, a, start, rows, valid, w_tile, n, k, tile_rows):
+    """FP32 ``[rows, n]``: :func:`v41.mx_linear.rows_times_tile` (the K partials added in
+    K order, the same operations) with the adds on ``tile_rows``-row vector tiles instead
+    of 16: each tile costs its operands' ~1.5 k-cycle DDR copy-ins, and the 16-row adds
+    made each qkv_proj_rope head tile a 76 k-cycle task at FLASH T=192."""
+    acc = None
+    for mm in mx_linear.k_partials(pypto, a, start, rows, valid, w_tile, n, k):
+        pypto.set_vec_tile_shapes(min(rows, tile_rows), n)
+        acc = mm if acc is None else pypto.add(acc, mm)
+    return acc
+
+
 def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_cos, rope_sin,
-                  factors, rope_dim, rows, n_tile, name, *, scale_up=False, tile_rows=None):
+                  factors, rope_dim, rows, n_tile, name, *, scale_up=False, tile_rows=None,
+                  clone_rows=False, gate=None):
     """``out[:active, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head ``h`` of the
     FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32 scales) over
     the BF16 MX activations ``a [*, k]`` (a DDR tensor): weight-stationary, each
     ``n_tile``-row tile of a head decoded once and applied to every row tile; the head's
     last tile holds its whole rope tail (``rope_dim <= n_tile``).  ``tile_rows``: rows of
-    the vector tiles after the product (the BF16 cast, the rope tail, the stores); None
-    keeps 8-row casts and 16-row rope tiles."""
+    the vector tiles after the product (the K partial sums, the BF16 cast, the rope tail,
+    the stores); None keeps 16-row sums, 8-row casts and 16-row rope tiles.
+
+    Task graph (each successor edge costs the AICPU ~390 cycles of serial resolve when its
+    task ends): ``clone_rows`` first copies each head's rows of ``a`` (exact) and the
+    products read the copy, so ``a``'s last writer resolves one edge per head and copy tile
+    instead of one per product task and K chunk; ``gate``: the weight decodes wait for its
+    last writer (:func:`gated`)."""
     width = mx_linear.tile_width(head_dim, n_tile)
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
     row_tiles = (active + rows - 1) // rows
     table = mx_decode.e4m3_table(pypto)
+    if gate is not None:
+        table = gated(pypto, table, gate)
     tiles = head_dim // width
     for h in pypto.loop(heads, name=name, idx_name="h"):
         # the head's tiles decoded once (unrolled at trace time; the last holds the tail)
@@ -108,8 +144,14 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
         for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
             start = i * rows
             valid = (active - start).min(rows)
+            src, src_start = a, start
+            if clone_rows:  # times 1.0: exact (pypto.clone crashed the TINY tp4 interpreter)
+                pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
+                src = pypto.mul(pypto.view(a, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
+                src_start = 0
             for c in range(tiles):
-                y = mx_linear.rows_times_tile(pypto, a, start, rows, valid, wts[c], width, k)
+                y = tile_product(pypto, src, src_start, rows, valid, wts[c], width, k,
+                                 tile_rows or 16)
                 pypto.set_vec_tile_shapes(min(rows, tile_rows or 8), width)
                 yb = pypto.cast(y, pypto.DT_BF16)
                 col = h * head_dim + c * width
