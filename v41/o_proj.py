@@ -22,12 +22,20 @@ group's latent (BF16 cast, MXFP8 activation, copy out) is one subgraph, and the 
 adds of a ``wo_b`` product go in ``ADD_ROWS``-row tiles.  FLASH TP4 T=192: 1,321 -> 521
 tasks, 303 -> 179 us; the same operations in the same order, so the same output bits.  The
 inverse RoPE on the whole row tile and 96-row adds: T=192 170.6 -> 149.5 us (est.sh case).
+A cube product's charge is mostly fixed per task (its left operand's pass over K), so the
+``wo_b`` tiles take 256 rows: 40 products of 21.8 k cycles instead of 80 of 16.5 k, half
+the decodes, tasks and edges; with 64-row adds: T=4 / 48 / 192 / 1024 102.6 / 108.6 /
+149.5 / 575.0 -> 94.0 / 103.6 / 134.9 / 474.1 us.  The RoPE and ``wo_a`` products keep
+128-column tiles (with 256 columns T=4 is 106.9 us); a ``wo_a`` tile of 80 columns (26
+tasks on 28 cube cores) still costs 48.5 k cycles a task, not 34 k (149.3 us).
 
 Compile grows with the row tile (T=4 1.0 s, T=192 3.5 s CPU): the row tile follows the
 launch's tokens because the cost model charges whole tiles and every extra task.  Measured
 at T=4 / T=192: fixed 16-row tiles 759 us at T=192; the de-rotation in its own 16-row loop
 and the latent's MXFP8 in an 8-row loop over a BF16 scratch: compile flat (0.88 / 1.12 s)
-but 124 / 341 us (64-row loop: 164 / 252 us).
+but 124 / 341 us (64-row loop: 164 / 252 us); only the latent's 8-row pieces in a
+``pypto.loop`` over both groups: 1.14 / 1.97 s but 95.6 / 145.1 us (each ``wo_a`` task
+resolves 25 successors and the second group's pieces start 24 k cycles later).
 
 The TP sum is not in the kernel: every rank's partial goes to the host transport, which
 sums them in rank order in FP32 with one BF16 cast (``harness.entries.o_proj``).
@@ -59,10 +67,11 @@ from v41.cube_tiles import cube_tiles, row_tile
 from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weight is decoded once per launch)
-N_TILE = 128  # wo_b output rows decoded per weight tile
+N_TILE = 256  # wo_b output rows decoded per weight tile (and columns per wo_b product)
+WO_A_N = 128  # latent columns per wo_a product
 ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
 LAT_ROWS = 8  # latent rows per MX-activation subgraph
-ADD_ROWS = 96  # rows per vector tile of the K-partial adds ([96, 128] FP32: 48 KB)
+ADD_ROWS = 64  # rows per vector tile of the K-partial adds ([64, 256] FP32: 64 KB)
 
 VARIANTS = {
     "reference": "the contract",
@@ -120,7 +129,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     hd, rd = config.head_dim, config.rope_dim
     nope, heads_per_group = hd - rd, gi // hd
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
-    cube = cube_tiles(rows, mx_linear.k_chunk(k), N_TILE, 2)  # BF16 operands
+    cube_a = cube_tiles(rows, gi, WO_A_N, 2)  # BF16 operands: RoPE and wo_a products
+    cube_b = cube_tiles(rows, mx_linear.k_chunk(k), N_TILE, 2)  # wo_b products
     inverse = variant != "forward_rope"
     skip_quant = variant == "skip_act_quant"
     scale_up = variant == "wo_b_scale_up"
@@ -139,7 +149,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         lat_mx: pypto.Tensor([tokens_dim, k], pypto.DT_BF16),
     ):
         tokens = attn_out.shape[0]
-        pypto.set_cube_tile_shapes(*cube)
+        pypto.set_cube_tile_shapes(*cube_a)
         table = mx_decode.e4m3_table(pypto)
         row_tiles = (tokens + rows - 1) // rows
         for i in pypto.loop(row_tiles, name="O_ROWS", idx_name="r"):
@@ -165,6 +175,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                    pypto.DT_FP32, b_trans=True)  # [rows, lora]
                 _latent_out(pypto, lat, lat_mx, start, g * lora, rows, valid, lora,
                             skip_quant=skip_quant)
+        pypto.set_cube_tile_shapes(*cube_b)
         for nt in pypto.loop(hidden // N_TILE, name="O_WO_B", idx_name="nt"):
             wt = mx_linear.mx_weight_tile_bf16(pypto, wo_b, wo_b_scale, nt * N_TILE, 0, N_TILE,
                                                k, scale_up=scale_up, table=table, one_task=True)
