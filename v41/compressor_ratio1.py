@@ -19,7 +19,8 @@ follow the launch's tokens): the projection ``x @ wkv`` in row tiles of PROJ_ROW
 L1 tiles), and inside each, tiles of ROW_TILE tokens, each as four tasks: the latent
 (RMSNorm, one subgraph), the KV (RoPE, MXFP4, the rows' writes, one subgraph) in parallel
 with the index projection (cube), then the index key (RMSNorm, RoPE, MXFP4, the rows'
-writes, one subgraph).  A row is written by one ``assemble`` per cache of a view whose
+writes, one subgraph); the last three are :func:`v41.compressor_common.publish_latent`,
+shared with ratio 2.  A row is written by one ``assemble`` per cache of a view whose
 runtime row count is 1 for a live row and 0 otherwise (a zero-row view writes nothing),
 so the writes need no runtime ``if`` and stay inside their tile's task (the previous
 kernel's per-row loop of four copy tasks was half its time).  Cost model (A5, FLASH)
@@ -65,10 +66,8 @@ from INT32 tensors only); ``compressed_kv_scale`` carries the E4M3 bytes as uint
 # parameter annotations as objects.
 import math
 
-from v41 import mx_fp4
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.compressor_common import (partner_index, rms_norm_rows, rope_factors, rope_tail,
-                                   table_rows)
+from v41.compressor_common import K_STEP, publish_latent, rms_norm_rows
 from v41.cube_tiles import L1_BYTES
 from v41.subgraph import one_subgraph
 
@@ -76,9 +75,6 @@ ROW_TILE = 8  # tokens per encode tile (four tasks); 16: FLASH T=192 55.9 us ins
 PROJ_ROWS = 32  # tokens per projection row tile; 64 (with L1 K tiles 256 / 2560): 60.7 us
 PROJ_N = 128  # projection N tile; 64: FLASH T=192 60.5 us
 PROJ_K_B = 768  # wkv's L1 K tile; x's is the whole hidden row
-K_STEP = 256  # the interpreter's K piece, gcd of the two L1 K tiles (the previous kernel's)
-INDEX_N = 128  # index projection N tile (one task per encode tile)
-GROUP_ROWS = 256  # MXFP4 group rows per vector tile (one tile for 8 rows of 512)
 
 VARIANTS = {
     "reference": "the contract",
@@ -129,80 +125,6 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
-def _rope_full32(pypto, x, freqs_cos, freqs_sin, positions, rows, valid, width, rd):
-    """FP32 ``[rows, width]``: BF16 ``x`` with its last ``rd`` channels rotated and rounded to
-    BF16 -- :func:`v41.compressor_common.rope_tail`'s values, computed over the whole width
-    (table and partner gathers by a full-width column index) and selected per column with
-    ``where``, so no concatenation goes through global memory.  The rotated columns run the
-    same FP32 operations as ``rope_tail``; the others are ``x`` itself."""
-    nope = width - rd
-    cos_h, sin_h = table_rows(pypto, freqs_cos, freqs_sin, positions, rows, rd)
-    pypto.set_vec_tile_shapes(width)
-    col = pypto.arange(0.0, float(width), 1.0)
-    rel = pypto.maximum(pypto.add(col, -float(nope)), 0.0)  # tail column j - nope, else 0
-    pair = pypto.floor(pypto.mul(rel, 0.5))
-    odd = pypto.sub(rel, pypto.mul(pair, 2.0))
-    sign = pypto.reshape(pypto.sub(pypto.mul(odd, 2.0), 1.0), [1, width])
-    pair_i = pypto.cast(pair, pypto.DT_INT32)
-    partner = pypto.cast(pypto.sub(pypto.add(col, 1.0), pypto.mul(odd, 2.0)), pypto.DT_INT32)
-    tail = pypto.reshape(pypto.ge(col, float(nope)), [1, width])
-    pypto.set_vec_tile_shapes(min(rows, 8), width)
-    cos_f = pypto.index_select(cos_h, 1, pair_i)
-    sin_f = pypto.index_select(sin_h, 1, pair_i)
-    sin_f = pypto.mul(sin_f, pypto.expand_clone(sign, [rows, width], valid_shape=[valid, width]))
-    x32 = pypto.cast(x, pypto.DT_FP32)
-    swapped = pypto.index_select(x32, 1, partner)
-    rot = pypto.cast(pypto.add(pypto.mul(x32, cos_f), pypto.mul(swapped, sin_f)), pypto.DT_BF16)
-    rot = pypto.cast(rot, pypto.DT_FP32)
-    keep = pypto.expand_clone(tail, [rows, width], valid_shape=[valid, width])
-    return pypto.where(keep, rot, x32)
-
-
-def _publish_rows(pypto, vals, scodes, cache, cache_scale, lives, slots, rows):
-    """Row ``r`` of the FP32 4-D tiles cast to uint8 and written at ``slots[r]`` when
-    ``lives[r]`` is 1 (a zero-row view writes nothing)."""
-    bs = cache.shape[1]
-    w, g = cache.shape[3], cache_scale.shape[3]
-    for r in range(rows):
-        at = [slots[r] // bs, slots[r] % bs, 0, 0]
-        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, w)
-        pypto.assemble(pypto.cast(pypto.view(vals, [1, 1, 1, w], [r, 0, 0, 0],
-                                             valid_shape=[lives[r], 1, 1, w]), pypto.DT_UINT8),
-                       at, cache)
-        pypto.set_vec_tile_shapes(min(rows, 8), 1, 1, max(g, 32))
-        pypto.assemble(pypto.cast(pypto.view(scodes, [1, 1, 1, g], [r, 0, 0, 0],
-                                             valid_shape=[lives[r], 1, 1, g]), pypto.DT_UINT8),
-                       at, cache_scale)
-
-
-def _row_slots(compressed_slots, position_ids, start, active, valid, rows, lowest):
-    """Per tile row: the physical slot (>= 0) and live (1 when the row is real, its slot
-    >= 0 and its position >= lowest, else 0).  Rows past the tokens read the last token's."""
-    lives, slots = [], []
-    for r in range(rows):
-        t = (start + r).min(active - 1)
-        slot = compressed_slots[t]
-        p = position_ids[t]
-        live = (slot + 1).max(0).min(1).min((p - lowest + 1).max(0).min(1)).min(
-            (valid - r).max(0))
-        lives.append(live)
-        slots.append(slot.max(0))
-    return lives, slots
-
-
-def _encode_rows(pypto, x, rows, valid, width, group, scale_format, switches, where, cache,
-                 cache_scale):
-    """MXFP4 of the tile ``x`` (:func:`v41.mx_fp4.quantize_tile`) and its live rows' writes
-    into ``cache`` / ``cache_scale``; ``where`` is ``(compressed_slots, position_ids, start,
-    active, lowest)``."""
-    compressed_slots, position_ids, start, active, lowest = where
-    vals, scodes = mx_fp4.quantize_tile(pypto, x, rows, valid, width, group, scale_format,
-                                        toward_zero="fp4_toward_zero" in switches,
-                                        group_rows=GROUP_ROWS, rows4d=True)
-    lives, slots = _row_slots(compressed_slots, position_ids, start, active, valid, rows, lowest)
-    _publish_rows(pypto, vals, scodes, cache, cache_scale, lives, slots, rows)
-
-
 def _latent_stage(pypto, kv_all, j, rows, valid, norm, d, eps):
     """BF16 latent ``RMSNorm(bf16(x @ wkv))`` of tile ``j`` of a projection tile; one task."""
     with one_subgraph(pypto):
@@ -214,53 +136,6 @@ def _latent_stage(pypto, kv_all, j, rows, valid, norm, d, eps):
         return rms_norm_rows(pypto, kv32, norm32, rows, valid, d, eps)
 
 
-def _tile_positions(pypto, position_ids, start, rows, valid, pos_shift):
-    """INT32 ``[rows]`` RoPE positions of a tile: ``position_ids[start:]`` plus ``pos_shift``
-    (ratio 2 publishes at ``p - 1``)."""
-    pypto.set_vec_tile_shapes(rows)
-    pos = pypto.view(position_ids, [rows], [start], valid_shape=[valid])
-    return pos if pos_shift == 0 else pypto.add(pos, pos_shift)
-
-
-def _kv_stage(pypto, latent, rows, valid, start, active, position_ids, compressed_slots,
-              freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale, dm, lowest, switches,
-              pos_shift=0):
-    """RoPE'd MXFP4 KV of a tile's latents and its rows' writes: one task.  Returns the
-    rotated latent (the index projection's input of the ``index_from_rotated`` variant)."""
-    d, rd = dm["head_dim"], dm["rope_dim"]
-    with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(min(rows, 8), d)
-        latent = pypto.view(latent, [rows, d], [0, 0], valid_shape=[valid, d])
-        pos = _tile_positions(pypto, position_ids, start, rows, valid, pos_shift)
-        rot_kv = _rope_full32(pypto, latent, freqs_cos, freqs_sin, pos, rows, valid, d, rd)
-        _encode_rows(pypto, rot_kv, rows, valid, d, dm["kv_group"], "e4m3", switches,
-                     (compressed_slots, position_ids, start, active, lowest),
-                     compressed_kv, compressed_kv_scale)
-    return rot_kv
-
-
-def _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
-               index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
-               switches, pos_shift=0):
-    """Index key of one tile from its FP32 projection: RMSNorm, RoPE, MXFP4, row writes;
-    one task."""
-    di, rd = dm["index_dim"], dm["rope_dim"]
-    with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(1, di)
-        index_norm32 = pypto.reshape(index_norm, [1, di])
-        pypto.set_vec_tile_shapes(min(rows, 8), di)
-        k32 = pypto.view(k32, [rows, di], [0, 0], valid_shape=[valid, di])
-        k32 = pypto.cast(pypto.cast(k32, pypto.DT_BF16), pypto.DT_FP32)
-        key = rms_norm_rows(pypto, k32, index_norm32, rows, valid, di, eps)
-        pos = _tile_positions(pypto, position_ids, start, rows, valid, pos_shift)
-        cos_f, sin_f = rope_factors(pypto, freqs_cos, freqs_sin, pos, rows, valid, rd)
-        partner = partner_index(pypto, rd)
-        rot_key = rope_tail(pypto, key, cos_f, sin_f, partner, rows, valid, di, rd)
-        _encode_rows(pypto, rot_key, rows, valid, di, dm["ik_group"], "e8m0", switches,
-                     (compressed_slots, position_ids, start, active, lowest),
-                     index_key, index_key_scale)
-
-
 def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, eps, lowest,
                     switches):
     """Encode tile ``j`` of a projection tile: KV stage, index projection, key stage."""
@@ -270,32 +145,6 @@ def _encode_publish(pypto, kv_all, j, rows, pvalid, pstart, active, x_args, dm, 
     latent = _latent_stage(pypto, kv_all, j, rows, valid, norm, dm["head_dim"], eps)
     publish_latent(pypto, latent, rows, valid, start, active, x_args, dm, eps, lowest,
                    switches)
-
-
-def publish_latent(pypto, latent, rows, valid, start, active, x_args, dm, eps, lowest,
-                   switches, pos_shift=0):
-    """(Also :mod:`v41.compressor_ratio2`'s publication, with ``pos_shift`` -1.)
-    Publication of a tile of BF16 latents (rows ``start ..``, ``valid`` real, tokens
-    below ``active``): KV stage (one task), index projection (cube), key stage (one task),
-    each stage writing its live rows itself; RoPE at ``position_ids + pos_shift``.
-    ``x_args`` = ``(position_ids, compressed_slots, norm, index_wk, index_norm, freqs_cos,
-    freqs_sin, compressed_kv, compressed_kv_scale, index_key, index_key_scale)``."""
-    (position_ids, compressed_slots, _norm, index_wk, index_norm, freqs_cos, freqs_sin,
-     compressed_kv, compressed_kv_scale, index_key, index_key_scale) = x_args
-    rot_kv = _kv_stage(pypto, latent, rows, valid, start, active, position_ids,
-                       compressed_slots, freqs_cos, freqs_sin, compressed_kv,
-                       compressed_kv_scale, dm, lowest, switches, pos_shift)
-    if "index_from_rotated" in switches:
-        pypto.set_vec_tile_shapes(min(rows, 8), dm["head_dim"])
-        src = pypto.cast(rot_kv, pypto.DT_BF16)
-    else:
-        src = latent
-    pypto.set_vec_tile_shapes(min(rows, 8), min(dm["head_dim"], 512))
-    pypto.set_cube_tile_shapes([16, 16], [64, K_STEP], [INDEX_N, INDEX_N])
-    k32 = pypto.matmul(src, index_wk, pypto.DT_FP32)  # [rows, di]
-    _key_stage(pypto, k32, rows, valid, start, active, position_ids, compressed_slots,
-               index_norm, freqs_cos, freqs_sin, index_key, index_key_scale, dm, eps, lowest,
-               switches, pos_shift)
 
 
 def projection_k_tiles(hidden: int) -> list:

@@ -19,9 +19,9 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
    the ring writes had an edge from the ring reads);
 2. per tile of ROW_TILE tokens of a request: pooling of each token with its predecessor
    (per-channel softmax over the pair, FP32), BF16 round, RMSNorm -> latent (one
-   subgraph; the norm weight as a ``[1, d]`` row is one task of every launch, also an
-   idle one, whose cost record the harness counts), then publication at compressed position ``p - 1`` through
-   :func:`v41.compressor_ratio1.publish_latent` (the KV stage and the key stage one
+   subgraph, the norm weight's ``[1, d]`` row read inside it), then publication at
+   compressed position ``p - 1`` through
+   :func:`v41.compressor_common.publish_latent` (the KV stage and the key stage one
    subgraph each, writing their live rows themselves: one ``assemble`` per row of a view
    whose runtime row count is 1 for a token whose slot is ``>= 0``, else 0; the host
    guarantees that only odd positions carry slots);
@@ -39,9 +39,14 @@ several of them were resolved by one AICPU thread (T=48: 3 on one thread, 91 k c
 the many per-row loop bodies also split T=192 into two stitched submissions.  Now:
 T=192 / 32 requests 208.3 -> 156.6 us, T=512 / 2 requests 463.7 -> 340.1 us, T=48 173.6
 -> 131.4 us, T=4 94.3 -> 86.9 us, compressor_state T=192 420.4 -> 343.5 us; TINY 43.3 ->
-37.3 us and 91.0 -> 75.9 us (the norm row in each tile's own task instead: T=192 163.3,
-T=512 324.7, compressor_state 325.1 us, but an idle launch then has no task and no cost
-record).  The outputs are byte-equal to the kernel before.
+37.3 us and 91.0 -> 75.9 us.  Then: the norm row read inside each pooling tile (no
+producer with an edge to every tile; a zeroed workspace row is the one task of an idle
+launch), PROJ_ROW_TILES row tiles, x's L1 K tile widened (:func:`projection_k_tiles`) and
+one workspace copy-in per pooling tile: T=192 156.6 -> 144.3 us, T=48 131.4 -> 114.8, T=4
+86.9 -> 77.0, T=512 / 32 requests 304.0 -> 279.1, compressor_state T=192 343.5 -> 295.0.
+What is left after the projection is mostly the AICPU resolving the last projection row
+tile's 8 tasks, ~28 successors each, 4 of them on one thread (~44 k cycles).  The outputs
+are byte-equal to the kernel before.
 
 A disabled request (block -1) or an empty one reads no ring row and writes nothing but its
 tokens' projection rows in the workspace (its loops run zero times; the ring read sits
@@ -80,30 +85,34 @@ workspace            (tokens + requests, 2*head_dim)         float32   out    (s
 
 ``tokens`` is dynamic; ``capacity``, ``blocks``, ``state_blocks`` and ``requests`` come
 from the case.  ``workspace`` holds the phase-1 projection rows (its content is not a
-result; its first ``requests`` rows are no longer written).
+result; its row 0 is zeroed, its rows 1 .. ``requests - 1`` are not written).
 """
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.compressor_common import rms_norm_rows
+from v41.compressor_common import K_STEP, publish_latent, rms_norm_rows
 from v41.compressor_ratio1 import dims as _publication_dims
-from v41.compressor_ratio1 import publish_latent
 from v41.subgraph import one_subgraph
-from v41.cube_tiles import row_tile
+from v41.cube_tiles import L1_BYTES, row_tile
 
 ROW_TILE = 8  # tokens per pooling loop iteration (and projection row tile of small launches)
 # The projection takes row tiles over the whole launch (across requests): a launch of more
-# than BIG_ROWS_FROM tokens with a wkv of at least BIG_WEIGHT_BYTES takes its tokens rounded
-# up to 16, at most ROWS_MAX, as one cube M tile, so the FP32 wkv and wgate are streamed once
-# per row tile instead of once per request and 8 rows.  FLASH T=192 (32 requests) 637 ->
-# 211 us, T=512 (2 requests) 1,371 -> 505 us; 64 rows: 235 and 570 us (more projection
-# tasks, each with an edge to every pooling tile for the AICPU to resolve).  x is cast to
-# FP32 in [CAST_ROWS, CAST_COLS] tiles (fewer tasks than [8, 512]).
-ROWS_MAX = 128
+# than BIG_ROWS_FROM tokens with a wkv of at least BIG_WEIGHT_BYTES takes its tokens over
+# PROJ_ROW_TILES, rounded up to 16, at most ROWS_MAX, as one cube M tile, so the FP32 wkv
+# and wgate are streamed once per row tile instead of once per request and 8 rows (FLASH
+# T=192 / 32 requests 637 -> 211 us, T=512 / 2 requests 1,371 -> 505 us).  Three row tiles
+# x 2 products x 4 N tiles = 24 tasks on the 28 cube cores; the products are bandwidth
+# bound (96 rows 107 k cycles, 128 rows 115 k), so one 128-row tile and one of 64 left 12
+# cores idle: T=192 156 -> 144 us, T=512 / 32 requests 305 -> 279 (with
+# projection_k_tiles; which AICPU threads resolve the last row tile moves these by ~10 us).
+# x is cast to FP32 in [CAST_ROWS, CAST_COLS] tiles (fewer tasks than [8, 512]).
+ROWS_MAX = 256
+PROJ_ROW_TILES = 3
 BIG_ROWS_FROM = 32
 BIG_WEIGHT_BYTES = 1 << 20
 CAST_ROWS, CAST_COLS = 16, 1024
+PROJ_N = 128  # projection N tile
 
 VARIANTS = {
     "reference": "the contract",
@@ -156,19 +165,34 @@ def abi(config, case: dict):
     return resolve(ABI, dims(config, case))
 
 
-def _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids, nreq, r, start,
+def projection_k_tiles(m: int, hidden: int) -> list:
+    """``[k0, kL1A, kL1B]`` of the FP32 projection with ``m``-row tiles: wkv / wgate in K
+    pieces of K_STEP rows, x in the largest power-of-two multiple of K_STEP dividing
+    ``hidden`` that fits L1 beside them; the interpreter sums K in pieces of
+    ``gcd(kL1A, kL1B)`` = K_STEP, as with ``[K_STEP, K_STEP]``, so the bits do not change."""
+    k_a = K_STEP
+    while (hidden % (2 * k_a) == 0
+           and (m * 2 * k_a + K_STEP * PROJ_N) * 4 <= L1_BYTES):
+        k_a *= 2
+    return [64, k_a, K_STEP]
+
+
+def _pool_stage(pypto, prevs, workspace, norm, state_cache, position_ids, nreq, r, start,
                 first, valid, rows, d, sw, eps, ring_rows):
     """BF16 latents of a tile of request ``r`` from row ``start`` (``first`` 1 for the
     chunk's first tile): each token pooled with its predecessor, BF16 round, RMSNorm; and
-    the tile's ring writes; one subgraph (the cost model shows the predecessor-row copy-ins
-    and each ring row's copy as tasks of their own).  ``ring_rows`` is ``None`` (no ring writes) or
+    the tile's ring writes; one subgraph (the cost model shows the predecessor-row copy-in
+    and each ring row's copy as tasks of their own).  ``ring_rows`` is ``None`` (no ring
+    writes) or
     ``(blk, lo, hi, ring)``: token ``t`` of the tile with ``lo <= t < hi`` writes its
     projection row to ring row ``position_ids[t] % ring`` of state block ``blk``."""
     with one_subgraph(pypto):
         # one read of the workspace: rows from nreq + start - 1 + first, behind prevs[r]
         # (the chunk's first token's predecessor, the ring row); the predecessors are that
-        # from row 1 - first, the tile's own rows from row 2 - first
-        pypto.set_vec_tile_shapes(rows, sw)
+        # from row 1 - first, the tile's own rows from row 2 - first.  Tile rows + 1: one
+        # copy task reads the workspace instead of two, so each projection task of the
+        # last row tile has half the successor edges to resolve
+        pypto.set_vec_tile_shapes(rows + 1, sw)
         cat = pypto.concat([
             pypto.view(prevs, [1, sw], [r, 0]),
             pypto.view(workspace, [rows + 1, sw], [nreq + start - 1 + first, 0],
@@ -181,7 +205,6 @@ def _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids, nreq
         sc_c = pypto.view(cur, [rows, d], [0, d], valid_shape=[valid, d])
         kv_p = pypto.view(both, [rows, d], [0, 0], valid_shape=[valid, d])
         sc_p = pypto.view(both, [rows, d], [0, d], valid_shape=[valid, d])
-        pypto.set_vec_tile_shapes(rows, d)
         hi = pypto.maximum(sc_p, sc_c)
         ep = pypto.exp(pypto.sub(sc_p, hi))
         ec = pypto.exp(pypto.sub(sc_c, hi))
@@ -189,6 +212,8 @@ def _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids, nreq
         pooled = pypto.add(pypto.mul(pypto.div(ep, total), kv_p),
                            pypto.mul(pypto.div(ec, total), kv_c))
         pooled = pypto.cast(pypto.cast(pooled, pypto.DT_BF16), pypto.DT_FP32)
+        pypto.set_vec_tile_shapes(1, d)
+        norm32 = pypto.reshape(norm, [1, d])
         latent = rms_norm_rows(pypto, pooled, norm32, rows, valid, d, eps)
         if ring_rows is not None:
             # each ring row by one assemble of a view whose runtime row count is 1 for a
@@ -224,7 +249,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     rows = ROW_TILE
     tokens_hint = dm["tokens"]
     big = tokens_hint > BIG_ROWS_FROM and hidden * d * 4 >= BIG_WEIGHT_BYTES
-    prow = row_tile(tokens_hint, ROWS_MAX) if big else ROW_TILE
+    prow = row_tile(-(-tokens_hint // PROJ_ROW_TILES), ROWS_MAX) if big else ROW_TILE
     m_tile = max(prow, 16)
     switches = frozenset({variant})
     first_rows = variant == "first_rows_to_ring"
@@ -255,13 +280,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         state_cache: pypto.Tensor([nsb, ring, sw], pypto.DT_FP32),
         workspace: pypto.Tensor([ws_dim, sw], pypto.DT_FP32),
     ):
-        # the norm weight as a [1, d] row, read by every pooling tile: one task of every
-        # launch, also an idle one (num_tokens = 0), which the harness counts by its cost
-        # record (a reshape no task reads is dropped)
-        pypto.set_vec_tile_shapes(1, d)
-        norm32 = pypto.reshape(norm, [1, d])
         # FP32 operands: L0B holds k0 x n0 x 4 bytes <= 64 KiB
-        pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [128, 128])
+        pypto.set_cube_tile_shapes([m_tile, m_tile], projection_k_tiles(m_tile, hidden),
+                                   [PROJ_N, PROJ_N])
         # phase 1, before any state write: the ring row (p0 - 1) % capacity of each enabled
         # request to row r of the kernel-local tensor prevs, then the projections of all the
         # launch's tokens, in row tiles across requests (wkv and wgate streamed once per row
@@ -333,12 +354,16 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     ring_rows = (blk, s, s + (e - s).min(ring), ring)
                 else:
                     ring_rows = (blk, e - (e - s).min(ring), e, ring)
-                latent = _pool_stage(pypto, prevs, workspace, norm32, state_cache, position_ids,
+                latent = _pool_stage(pypto, prevs, workspace, norm, state_cache, position_ids,
                                      nreq, r, start, first, valid, rows, d, sw, eps, ring_rows)
                 publish_latent(pypto, latent, rows, valid, start, e,
                                (position_ids, compressed_slots, norm, index_wk, index_norm,
                                 freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale,
                                 index_key, index_key_scale), dm, eps, -(2 ** 30), switches,
                                pos_shift=-1)
+        # workspace row 0 (never read) zeroed: the one task of every launch, also an idle
+        # one (num_tokens = 0), which the harness counts by its cost record
+        pypto.set_vec_tile_shapes(1, sw)
+        pypto.assemble(pypto.full([1, sw], 0.0, pypto.DT_FP32), [0, 0], workspace)
 
     return compressor_ratio2
