@@ -4,20 +4,25 @@ no dependency edge, in the task graphs of kept launches.
 pypto 0.2.0's runtime writes each launch's task graph to ``dyn_topo.txt`` (one line per task:
 its stitched submission ``seqNo``, ``taskId`` whose high bits above bit 20 number the root
 function, i.e. one loop iteration, the root function's ``rootHash``, and the ids of its
-successors).  Iterations of one ``pypto.loop`` share a ``rootHash``.  Seen there: a task of a
-later loop that reads a tensor written by every iteration of an earlier loop gets an edge
-from the LAST iteration's writer only (``hc_mixes`` with its Sinkhorn in a loop of its own,
-``o_proj`` past one row tile, ``qkv_proj_rope`` at FLASH T=48), and the cost model then starts
-it before the other iterations' writers end.  The CPU interpreter runs in program order, so
-the outputs do not show it; on a card the read would race the write.
+successors).  Iterations of one ``pypto.loop`` share a ``rootHash``.  The runtime tracks a
+written tensor in cells of its static dims (``device_slot_context.cpp``,
+``UpdateSlotsForStitch``; ``dev_encode.cpp``, ``InitPartialUpdateCellMatch``): along a
+dynamic axis (``tokens``) every write lands in one cell, so a task of a later loop that
+reads rows written by every iteration of an earlier loop gets an edge from the LAST
+iteration's writer only (``hc_mixes`` with its Sinkhorn in a loop of its own, ``o_proj``
+past one row tile, ``qkv_proj_rope``'s quantize loops at FLASH T=48), and the cost model
+starts it before the other iterations' writers end.  The CPU interpreter runs in program
+order, so the outputs do not show it; on a card the read would race the write.
 
-The audit flags, per launch, every (loop, later root function) pair where the later function
-(numbered after the loop's last iteration and not one of its nested functions, which are
-numbered right after their iteration) is a successor of some iteration of the loop but is not
-reachable, through any chain of edges, from every iteration.  A function fed by a loop's iterations for another reason (a
-WAR edge, a shared constant) looks the same, so a flag is a place to read the kernel, not a
-proof of a race; no flag means every iteration is ordered before every function any
-iteration feeds.  Launches keep their files with ``V41_RUN_DIR=DIR V41_KEEP_RUN_DIR=1``.
+The audit flags, per launch, the loops whose edges to later root functions (numbered after
+the loop's last iteration and not one of its nested functions, which are numbered right
+after their iteration) all leave from the LAST iteration, and every such later function
+that an earlier iteration cannot reach through any chain of edges.  Where several
+iterations feed later functions, each its own (``compressor_ratio2``'s ring reads into a
+static ``[requests, width]`` tensor: a pooling tile gets the edge of its request's read),
+rows are tracked and nothing is flagged.  A later function fed by the last iteration for
+another reason looks the same, so a flag is a place to read the kernel, not a proof of a
+race.  Launches keep their files with ``V41_RUN_DIR=DIR V41_KEEP_RUN_DIR=1``.
 Different stitched submissions run one after the other and are taken as ordered.
 Nothing here imports pypto.
 """
@@ -143,7 +148,8 @@ def audit_dir(root: Path) -> dict[str, list[Finding]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.order_audit", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.order_audit",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", help="kept run directories (V41_RUN_DIR)")
     args = ap.parse_args(argv)
     flagged = total = 0

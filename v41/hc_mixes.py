@@ -73,11 +73,12 @@ BIG_CUBE_M = 48
 # 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
 # (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.
 GATHER_ROWS = 32
-# BIG_ROW_TILE launches run Sinkhorn ROW_TILE rows a task (one row a task was 96 tasks of 14.9 k cycles an
-# iteration and 15 k traced ops; 8 rows: 12 tasks of 43.4 k).  It stays in the row loop: in a
-# loop of its own after it, reading the logits from a kernel-local [tokens, hc, hc] tensor,
-# pypto 0.2.0 gave every Sinkhorn task an edge from the LAST row iteration's writer only
-# (dyn_topo.txt at FLASH T=192), so the first iteration's rows were read unordered.
+# BIG_ROW_TILE launches run Sinkhorn ROW_TILE rows a task (one row a task was 96 tasks of
+# 14.9 k cycles an iteration and 15 k traced ops; 8 rows: 12 tasks of 43.4 k), inside the
+# row loop: in a loop of its own after it, reading the logits from a kernel-local
+# [tokens, hc, hc] tensor, every Sinkhorn task got an edge from the LAST row iteration's
+# writer only (pypto 0.2.0 tracks a dynamic axis as one cell; dyn_topo.txt at FLASH
+# T=192), so the first iteration's rows were read unordered.
 
 VARIANTS = {
     "reference": "the contract",
