@@ -130,18 +130,25 @@ def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
     return m
 
 
+def _k_tile_products(pypto, flat, fn, rows, valid, k, n):
+    """``(q, flat[:, K tile q] @ fn[:, K tile q]^T)`` for each ``MATMUL_K_TILE`` slice of K, in
+    K order, one cube product each (FP32); the vector tile is left at ``[rows, 32]``."""
+    for q in range(-(-k // MATMUL_K_TILE)):  # unrolled at trace time
+        kq = min(MATMUL_K_TILE, k - q * MATMUL_K_TILE)
+        xv = pypto.view(flat, [rows, kq], [0, q * MATMUL_K_TILE], valid_shape=[valid, kq])
+        fv = pypto.view(fn, [n, kq], [0, q * MATMUL_K_TILE])
+        mm = pypto.matmul(xv, fv, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(rows, 32)
+        yield q, mm
+
+
 def _gathered_split_k_product(pypto, flat, fn, rows, valid, k, n, parts, start):
     """:func:`_split_k_product` with the K-tile products assembled side by side into rows
     ``start ..`` of the scratch ``parts [tokens, nq * n]`` and read back in one copy per
     ``GATHER_ROWS``-row tile (``* 1.0``: exact), then added in K order from that copy: the
     same FP32 sums in the same order."""
     nq = -(-k // MATMUL_K_TILE)
-    for q in range(nq):  # unrolled at trace time
-        kq = min(MATMUL_K_TILE, k - q * MATMUL_K_TILE)
-        xv = pypto.view(flat, [rows, kq], [0, q * MATMUL_K_TILE], valid_shape=[valid, kq])
-        fv = pypto.view(fn, [n, kq], [0, q * MATMUL_K_TILE])
-        mm = pypto.matmul(xv, fv, pypto.DT_FP32, b_trans=True)
-        pypto.set_vec_tile_shapes(rows, 32)
+    for q, mm in _k_tile_products(pypto, flat, fn, rows, valid, k, n):
         pypto.assemble(mm, [start, q * n], parts)
     pypto.set_vec_tile_shapes(GATHER_ROWS, nq * n)
     p = pypto.mul(pypto.view(parts, [rows, nq * n], [start, 0], valid_shape=[valid, nq * n]),
@@ -158,12 +165,7 @@ def _split_k_product(pypto, flat, fn, rows, valid, k, n):
     same order, as one product whose L1 K tile is ``MATMUL_K_TILE`` (the interpreter adds
     its K-tile products one by one into a zeroed accumulator)."""
     acc = None
-    for q in range(-(-k // MATMUL_K_TILE)):  # unrolled at trace time
-        kq = min(MATMUL_K_TILE, k - q * MATMUL_K_TILE)
-        xv = pypto.view(flat, [rows, kq], [0, q * MATMUL_K_TILE], valid_shape=[valid, kq])
-        fv = pypto.view(fn, [n, kq], [0, q * MATMUL_K_TILE])
-        mm = pypto.matmul(xv, fv, pypto.DT_FP32, b_trans=True)
-        pypto.set_vec_tile_shapes(rows, 32)
+    for _, mm in _k_tile_products(pypto, flat, fn, rows, valid, k, n):
         acc = mm if acc is None else pypto.add(acc, mm)
     return acc
 
