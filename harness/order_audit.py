@@ -24,7 +24,17 @@ rows are tracked and nothing is flagged.  A later function fed by the last itera
 another reason looks the same, so a flag is a place to read the kernel, not a proof of a
 race.  Launches keep their files with ``V41_RUN_DIR=DIR V41_KEEP_RUN_DIR=1``.
 Different stitched submissions run one after the other and are taken as ordered.
-Nothing here imports pypto.
+
+The same cell rule holds inside one root function: the encoder (``dev_encode.cpp``,
+``EncodeAnalysisOpUseOutCasts``) links every writer of an outcast that covers the whole
+tensor (offset 0, full shape) to a hub that readers wait for, but records writes of part
+of it in the cell table, last writer per cell.  A row tile written in several pieces
+(``o_proj``'s 8-row MX pieces of ``lat_mx``: at FLASH T=192 the ``wo_b`` products wait for
+2 of its 48 piece writers, and the cost model starts them before 4 writers end) has every
+piece but the last per column cell unordered.  :func:`stranded_writers` reads
+``program.json`` for each root function's outcast writers and flags a tensor that later
+functions read while some of its writers reach no later function at all.  Nothing here
+imports pypto.
 """
 
 from __future__ import annotations
@@ -111,6 +121,82 @@ def findings(roots: dict[Function, str], succ: dict[Function, set[Function]],
     return out
 
 
+@dataclass(frozen=True)
+class Stranded:
+    """Writers of a root function's outcast that no later function waits for, while later
+    functions read the tensor (edges from its other writers)."""
+    function: Function
+    name: str  # the root function's name from program.json
+    tensor: int  # the outcast's tensor magic
+    writers: int
+    stranded: int
+    readers: tuple[Function, ...]
+
+
+def _tasks(text: str) -> dict[tuple[int, int], tuple[str, int, list[tuple[int, int]]]]:
+    """(seqNo, taskId) -> (root hash, opmagic, successor tasks) from a ``dyn_topo.txt``."""
+    parse_topo(text)  # validates the format
+    out = {}
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            f = line.split(",")
+            seq = int(f[0])
+            out[(seq, int(f[1]))] = (f[3], int(f[4]), [(seq, int(x)) for x in f[10:] if x])
+    return out
+
+
+def stranded_writers(text: str, program: dict) -> list[Stranded]:
+    """Per root function and outcast tensor with at least two writer tasks: a finding when
+    some writers reach later functions and others reach none (``program.json``'s root
+    functions, matched by hash, name each outcast's writer operations by opmagic)."""
+    tasks = _tasks(text)
+    specs = {str(f.get("hash")): f for f in program.get("functions", [])
+             if isinstance(f, dict) and "topo" in f}
+
+    def fn(t):
+        return (t[0], t[1] >> 20)
+
+    memo: dict = {}
+
+    def later(t) -> frozenset:
+        """Later functions a task reaches directly or through its own function's tasks."""
+        if t not in memo:
+            memo[t] = frozenset()
+            acc = set()
+            for s in tasks[t][2]:
+                if s in tasks:
+                    acc |= {fn(s)} if fn(s) != fn(t) else later(s)
+            memo[t] = frozenset(acc)
+        return memo[t]
+
+    by_fn: dict[Function, list] = defaultdict(list)
+    for t in sorted(tasks):
+        by_fn[fn(t)].append(t)
+    out = []
+    for f, ts in sorted(by_fn.items()):
+        spec = specs.get(tasks[ts[0]][0])
+        if spec is None:
+            continue
+        for oc in spec.get("outcasts", []):
+            magic = oc[0] if isinstance(oc, list) else oc
+            ops = {o.get("opmagic") for o in spec.get("operations", [])
+                   if magic in o.get("ooperands", [])}
+            writers = [t for t in ts if tasks[t][1] in ops]
+            readers = set().union(*(later(t) for t in writers)) if writers else set()
+            stranded = [t for t in writers if not later(t)]
+            if len(writers) >= 2 and readers and stranded:
+                out.append(Stranded(f, str(spec.get("func_magicname", "")), magic,
+                                    len(writers), len(stranded), tuple(sorted(readers))))
+    return out
+
+
+def stranded_lines(found: list[Stranded]) -> list[str]:
+    """One line per stranded outcast."""
+    return [f"function {s.function[1]} ({s.name}) tensor {s.tensor}: {s.stranded} of "
+            f"{s.writers} writers reach none of the {len(s.readers)} later functions that "
+            f"read it ({_ids(s.readers)})" for s in found]
+
+
 def _ids(fns, most: int = 8) -> str:
     return ", ".join(str(f[1]) for f in fns[:most]) + (" ..." if len(fns) > most else "")
 
@@ -127,24 +213,40 @@ def summary_lines(found: list[Finding]) -> list[str]:
 
 def loop_names(program_json: Path) -> dict[str, str]:
     """rootHash -> the root function's name (``TENSOR_<LOOP>_...``) from ``program.json``."""
-    try:
-        prog = json.loads(program_json.read_text())
-    except (OSError, ValueError):
-        return {}
+    prog = _program(program_json)
     return {str(f.get("hash")): str(f.get("func_magicname", ""))
             for f in prog.get("functions", []) if isinstance(f, dict)}
 
 
+def _program(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def audit_dir(root: Path) -> dict[str, list[Finding]]:
-    """Findings per launch (its directory name) for every ``dyn_topo.txt`` under ``root``."""
+    """Loop findings per launch (its directory name) for every ``dyn_topo.txt`` under
+    ``root``."""
     out: dict[str, list[Finding]] = {}
     for topo in sorted(root.rglob("dyn_topo.txt")):
-        launch = next((p.name for p in topo.parents if p.name.startswith("launch-")),
-                      str(topo.parent))
         roots, succ = parse_topo(topo.read_text())
-        out[f"{launch} ({topo.parent.name})"] = findings(
-            roots, succ, loop_names(topo.parent / "program.json"))
+        out[_launch(topo)] = findings(roots, succ, loop_names(topo.parent / "program.json"))
     return out
+
+
+def strand_dir(root: Path) -> dict[str, list[Stranded]]:
+    """Stranded writers per launch for every ``dyn_topo.txt`` (with its ``program.json``)
+    under ``root``."""
+    return {_launch(topo): stranded_writers(topo.read_text(),
+                                            _program(topo.parent / "program.json"))
+            for topo in sorted(root.rglob("dyn_topo.txt"))}
+
+
+def _launch(topo: Path) -> str:
+    launch = next((p.name for p in topo.parents if p.name.startswith("launch-")),
+                  str(topo.parent))
+    return f"{launch} ({topo.parent.name})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,12 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         if not p.is_dir():
             print(f"order_audit: {d}: not a directory", file=sys.stderr)
             return 2
+        strands = strand_dir(p)
         for launch, found in audit_dir(p).items():
             total += 1
-            if found:
+            stranded = strands.get(launch, [])
+            if found or stranded:
                 flagged += 1
-                print(f"FLAG {launch}: {len(found)} unordered (loop, reader) pairs")
-                for line in summary_lines(found)[:6]:
+                print(f"FLAG {launch}: {len(found)} unordered (loop, reader) pairs, "
+                      f"{len(stranded)} outcasts with stranded writers")
+                for line in (summary_lines(found)[:6] + stranded_lines(stranded)[:6]):
                     print(f"  {line}")
             else:
                 print(f"ok   {launch}")

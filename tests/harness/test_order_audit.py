@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.order_audit import audit_dir, findings, main, parse_topo, summary_lines
+from harness.order_audit import (audit_dir, findings, main, parse_topo, strand_dir,
+                                  stranded_lines, stranded_writers, summary_lines)
 
 HEADER = "seqNo,taskId,rootIndex,rootHash,opmagic,leafIndex,leafHash,coreType,psgId,successors"
 F = 1 << 20  # task ids: root function index in the bits above 20
@@ -82,3 +83,53 @@ def test_row_tracked_edges_from_several_iterations_pass():
     text = topo([(1 * F, "w", [3 * F]), (2 * F, "w", [4 * F]), (3 * F, "r", []),
                  (4 * F, "r", [])])
     assert findings(*parse_topo(text)) == []
+
+
+def topo_ops(rows: list[tuple[int, str, int, list[int]]]) -> str:
+    """dyn_topo text from (task id, root hash, opmagic, successor ids), submission 0."""
+    return "\n".join([HEADER] + [f"0,{t},0,{h},{op},0,0,0,0,,{','.join(map(str, s))}"
+                                 for t, h, op, s in rows]) + "\n"
+
+
+# function 1 ("w") writes tensor 7 with ops 10 and 11 (and tensor 8 with op 12); function 2
+# ("r") reads it.  Only op 11's task has the cross-function edge.
+PROGRAM = {"functions": [
+    {"hash": "w", "func_magicname": "TENSOR_W_root", "topo": {}, "outcasts": [[7, []], [8, []]],
+     "operations": [{"opmagic": 10, "ooperands": [7]}, {"opmagic": 11, "ooperands": [7]},
+                    {"opmagic": 12, "ooperands": [8]}]},
+    {"hash": "r", "func_magicname": "TENSOR_R_root", "topo": {}, "outcasts": [],
+     "operations": []}]}
+
+
+def test_a_writer_no_later_function_waits_for_is_stranded():
+    text = topo_ops([(1 * F, "w", 10, []), (1 * F + 1, "w", 11, [2 * F]),
+                     (1 * F + 2, "w", 12, []), (2 * F, "r", 1, [])])
+    found = stranded_writers(text, PROGRAM)
+    assert [(s.function, s.tensor, s.writers, s.stranded, s.readers) for s in found] == [
+        ((0, 1), 7, 2, 1, ((0, 2),))]
+    assert stranded_lines(found) == [
+        "function 1 (TENSOR_W_root) tensor 7: 1 of 2 writers reach none of the 1 later "
+        "functions that read it (2)"]
+
+
+def test_writers_ordered_inside_their_function_are_not_stranded():
+    # op 10's task feeds op 11's task, which the reader waits for
+    text = topo_ops([(1 * F, "w", 10, [1 * F + 1]), (1 * F + 1, "w", 11, [2 * F]),
+                     (2 * F, "r", 1, [])])
+    assert stranded_writers(text, PROGRAM) == []
+    # a tensor no later function reads (a kernel output) is not a finding either
+    text = topo_ops([(1 * F, "w", 10, []), (1 * F + 1, "w", 11, []), (2 * F, "r", 1, [])])
+    assert stranded_writers(text, PROGRAM) == []
+
+
+def test_cli_reports_stranded_writers(tmp_path, capsys):
+    import json
+    d = tmp_path / "launch-0001-x-rank0" / "output" / "o1"
+    d.mkdir(parents=True)
+    (d / "dyn_topo.txt").write_text(topo_ops([(1 * F, "w", 10, []), (1 * F + 1, "w", 11, [2 * F]),
+                                              (2 * F, "r", 1, [])]))
+    (d / "program.json").write_text(json.dumps(PROGRAM))
+    assert main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "0 unordered (loop, reader) pairs, 1 outcasts with stranded writers" in out
+    assert set(strand_dir(tmp_path)) == {"launch-0001-x-rank0 (o1)"}
