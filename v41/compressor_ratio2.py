@@ -16,7 +16,10 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
    projection), and the ring writes of ``r`` copy rows of that tile, so they follow the
    read of the row they may overwrite (pypto 0.2.0 gives a reader edges from the last loop
    that wrote a tensor only: with the ring rows in the workspace, neither the pooling nor
-   the ring writes had an edge from the ring reads);
+   the ring writes had an edge from the ring reads).  Along workspace's dynamic rows it
+   gives a reader an edge from the LAST projection row tile only, so the pooling tiles
+   read the workspace rows times a ``[1, 2*head_dim]`` of exactly 1.0 from one gate task
+   over a mark per projection row tile (:mod:`v41.order`): each waits for every row tile;
 2. per tile of ROW_TILE tokens of a request: pooling of each token with its predecessor
    (per-channel softmax over the pair, FP32), BF16 round, RMSNorm -> latent (one
    subgraph, the norm weight's ``[1, d]`` row read inside it), then publication at
@@ -27,8 +30,8 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
    guarantees that only odd positions carry slots);
 3. ring writes, from the same tile: only the last ``min(chunk, capacity)`` rows of the
    chunk, row ``p % capacity`` of the request's block, so each ring row has one writer
-   (one ``assemble`` per tile row of a view of 1 or 0 rows: a copy task each, with one
-   edge, from the tile, instead of edges from every projection task its row spans).
+   (one ``assemble`` per tile row of a view of 1 or 0 rows, in the tile's task, instead
+   of a task per row with edges from every projection task its row spans).
 
 Schedule (A5 cost model, FLASH): before this, each tile's publication wrote its rows in a
 per-row loop of four copy tasks, and the ring writes were a per-row loop of tasks, each
@@ -44,9 +47,13 @@ producer with an edge to every tile; a zeroed workspace row is the one task of a
 launch), PROJ_ROW_TILES row tiles, x's L1 K tile widened (:func:`projection_k_tiles`) and
 one workspace copy-in per pooling tile: T=192 156.6 -> 144.3 us, T=48 131.4 -> 114.8, T=4
 86.9 -> 77.0, T=512 / 32 requests 304.0 -> 279.1, compressor_state T=192 343.5 -> 295.0.
-What is left after the projection is mostly the AICPU resolving the last projection row
-tile's 8 tasks, ~28 successors each, 4 of them on one thread (~44 k cycles).  The outputs
-are byte-equal to the kernel before.
+Then the gate on every projection row tile (above): with the workspace read by a product
+instead of a copy, a pooling tile's workspace copy-in and ring-row copies joined its one
+task (T=192 491 -> 246 tasks): T=192 142.9 -> 114.4 us, T=48 114.8 -> 102.7, T=4 77.0 ->
+80.9 (the mark and the gate on the path), compressor_state T=192 295.0 -> 241.9; TINY
+(five 8-row projection tiles) 36.4 -> 38.5 and 70.6 -> 73.6 us with the mark tensor sized
+to the launch's row tiles (41.7 and 80.0 with 1024 rows).  Those "before" figures had the
+race; the outputs are byte-equal to the kernel before.
 
 A disabled request (block -1) or an empty one reads no ring row and writes nothing but its
 tokens' projection rows in the workspace (its loops run zero times; the ring read sits
@@ -93,6 +100,7 @@ result; its row 0 is zeroed, its rows 1 .. ``requests - 1`` are not written).
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.compressor_common import K_STEP, publish_latent, rms_norm_rows
 from v41.compressor_ratio1 import dims as _publication_dims
+from v41 import order
 from v41.subgraph import one_subgraph
 from v41.cube_tiles import L1_BYTES, row_tile
 
@@ -177,26 +185,36 @@ def projection_k_tiles(m: int, hidden: int) -> list:
     return [64, k_a, K_STEP]
 
 
-def _pool_stage(pypto, prevs, workspace, norm, state_cache, position_ids, nreq, r, start,
+def _gated_ones(pypto, marks, n, width):
+    """FP32 ``[1, width]`` of exactly 1.0 from :func:`v41.order.gated` over ``marks[:n]``,
+    as one task."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(width)
+        ones = order.gated(pypto, marks, n, pypto.full([width], 1.0, pypto.DT_FP32))
+        return pypto.reshape(ones, [1, width])
+
+
+def _pool_stage(pypto, prevs, workspace, one, norm, state_cache, position_ids, nreq, r, start,
                 first, valid, rows, d, sw, eps, ring_rows):
     """BF16 latents of a tile of request ``r`` from row ``start`` (``first`` 1 for the
     chunk's first tile): each token pooled with its predecessor, BF16 round, RMSNorm; and
-    the tile's ring writes; one subgraph (the cost model shows the predecessor-row copy-in
-    and each ring row's copy as tasks of their own).  ``ring_rows`` is ``None`` (no ring
-    writes) or
+    the tile's ring writes; one subgraph, one task beside the copy-in of ``prevs[r]``.  The
+    workspace rows are read times ``one`` (``[1, sw]`` of exactly 1.0 from the projection's
+    gate: the read waits for every projection row tile, and the product keeps the bits).
+    ``ring_rows`` is ``None`` (no ring writes) or
     ``(blk, lo, hi, ring)``: token ``t`` of the tile with ``lo <= t < hi`` writes its
     projection row to ring row ``position_ids[t] % ring`` of state block ``blk``."""
     with one_subgraph(pypto):
         # one read of the workspace: rows from nreq + start - 1 + first, behind prevs[r]
         # (the chunk's first token's predecessor, the ring row); the predecessors are that
         # from row 1 - first, the tile's own rows from row 2 - first.  Tile rows + 1: one
-        # copy task reads the workspace instead of two, so each projection task of the
-        # last row tile has half the successor edges to resolve
+        # read of the workspace instead of two, so each projection task of the last row
+        # tile has half the successor edges to resolve
         pypto.set_vec_tile_shapes(rows + 1, sw)
         cat = pypto.concat([
             pypto.view(prevs, [1, sw], [r, 0]),
-            pypto.view(workspace, [rows + 1, sw], [nreq + start - 1 + first, 0],
-                       valid_shape=[valid + 1 - first, sw]),
+            pypto.mul(pypto.view(workspace, [rows + 1, sw], [nreq + start - 1 + first, 0],
+                                 valid_shape=[valid + 1 - first, sw]), one),
         ], 0)
         both = pypto.view(cat, [rows, sw], [1 - first, 0], valid_shape=[valid, sw])
         cur = pypto.view(cat, [rows, sw], [2 - first, 0], valid_shape=[valid, sw])
@@ -217,8 +235,8 @@ def _pool_stage(pypto, prevs, workspace, norm, state_cache, position_ids, nreq, 
         latent = rms_norm_rows(pypto, pooled, norm32, rows, valid, d, eps)
         if ring_rows is not None:
             # each ring row by one assemble of a view whose runtime row count is 1 for a
-            # written token and 0 otherwise (a copy task each, whose one edge is from this
-            # tile, which read prevs[r]: the writes follow the ring read of r)
+            # written token and 0 otherwise (in this tile's task, which read prevs[r]: the
+            # writes follow the ring read of r)
             blk, lo, hi_t, ring = ring_rows
             for rr in range(rows):
                 t = start + rr
@@ -251,6 +269,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     big = tokens_hint > BIG_ROWS_FROM and hidden * d * 4 >= BIG_WEIGHT_BYTES
     prow = row_tile(-(-tokens_hint // PROJ_ROW_TILES), ROWS_MAX) if big else ROW_TILE
     m_tile = max(prow, 16)
+    proj_tiles = -(-tokens_hint // prow)  # projection row tiles of the launch, at most
+    order.check_iterations(proj_tiles, "tokens", prow)
     switches = frozenset({variant})
     first_rows = variant == "first_rows_to_ring"
     late_read = variant == "read_after_write"
@@ -306,6 +326,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     pypto.set_vec_tile_shapes(1, sw)
                     pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
         num = query_start_loc[nreq]
+        proj_done = order.marks(pypto, proj_tiles)
         for i in pypto.loop((num + prow - 1) // prow, name="C2_PROJ", idx_name="i"):
             start = i * prow
             valid = (num - start).min(prow)
@@ -317,6 +338,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             pypto.set_vec_tile_shapes(min(prow, 8), d)
             pypto.assemble(kv, [nreq + start, 0], workspace)
             pypto.assemble(sc, [nreq + start, d], workspace)
+            order.mark(pypto, proj_done, i, workspace, nreq + start, sw)
         if late_read:  # wrong: each chunk's ring writes first, then its predecessor read
             for r in pypto.loop(nreq, name="C2_READ", idx_name="r"):
                 s = query_start_loc[r]
@@ -337,30 +359,36 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
                     pypto.set_vec_tile_shapes(1, sw)
                     pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
-        # phases 2 and 3 per tile of a request: pooling, the ring writes, publication
-        for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
-            s = query_start_loc[r]
-            e = query_start_loc[r + 1]
-            blk = state_block_table[r, 0]
-            en = (blk + 1).min(1)
-            n_r = (e - s) * en
-            for i in pypto.loop((n_r + rows - 1) // rows, name="C2_TILES", idx_name="i"):
-                start = s + i * rows
-                valid = (e - start).min(rows)
-                first = (1 - i).max(0)
-                if late_read:
-                    ring_rows = None  # written in phase 1
-                elif first_rows:
-                    ring_rows = (blk, s, s + (e - s).min(ring), ring)
-                else:
-                    ring_rows = (blk, e - (e - s).min(ring), e, ring)
-                latent = _pool_stage(pypto, prevs, workspace, norm, state_cache, position_ids,
-                                     nreq, r, start, first, valid, rows, d, sw, eps, ring_rows)
-                publish_latent(pypto, latent, rows, valid, start, e,
-                               (position_ids, compressed_slots, norm, index_wk, index_norm,
-                                freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale,
-                                index_key, index_key_scale), dm, eps, -(2 ** 30), switches,
-                               pos_shift=-1)
+        # phases 2 and 3 per tile of a request: pooling, the ring writes, publication.  The
+        # pooling tiles read workspace times a 1.0 gated on every projection row tile (pypto
+        # 0.2.0 gives a reader of workspace an edge from the last one only); the gate reads
+        # marks, so it runs only when the projection did
+        if num > 0:
+            one = _gated_ones(pypto, proj_done, (num + prow - 1) // prow, sw)
+            for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
+                s = query_start_loc[r]
+                e = query_start_loc[r + 1]
+                blk = state_block_table[r, 0]
+                en = (blk + 1).min(1)
+                n_r = (e - s) * en
+                for i in pypto.loop((n_r + rows - 1) // rows, name="C2_TILES", idx_name="i"):
+                    start = s + i * rows
+                    valid = (e - start).min(rows)
+                    first = (1 - i).max(0)
+                    if late_read:
+                        ring_rows = None  # written in phase 1
+                    elif first_rows:
+                        ring_rows = (blk, s, s + (e - s).min(ring), ring)
+                    else:
+                        ring_rows = (blk, e - (e - s).min(ring), e, ring)
+                    latent = _pool_stage(pypto, prevs, workspace, one, norm, state_cache,
+                                         position_ids, nreq, r, start, first, valid, rows, d,
+                                         sw, eps, ring_rows)
+                    publish_latent(pypto, latent, rows, valid, start, e,
+                                   (position_ids, compressed_slots, norm, index_wk, index_norm,
+                                    freqs_cos, freqs_sin, compressed_kv, compressed_kv_scale,
+                                    index_key, index_key_scale), dm, eps, -(2 ** 30), switches,
+                                   pos_shift=-1)
         # workspace row 0 (never read) zeroed: the one task of every launch, also an idle
         # one (num_tokens = 0), which the harness counts by its cost record
         pypto.set_vec_tile_shapes(1, sw)
