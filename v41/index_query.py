@@ -5,11 +5,12 @@ Per active token (brackets mark a BF16 cast, as in the golden):
 
 * ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads,
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
-  MXFP8 (activation rule) into the scratch output ``qrq``, then every head's FP8 weight
-  tiles are decoded in-kernel ONCE per launch and applied to every row tile of up to
-  ``ROW_TILE`` tokens (the launch's tokens rounded up to 16; cube tiles from
-  :mod:`v41.cube_tiles`; :func:`v41.rope_heads.project_heads`, the same path as
-  ``v41.qkv_proj_rope``'s q heads); the last ``rope_dim`` channels of each head are
+  MXFP8 (activation rule) into the scratch output ``qrq`` one row tile of up to
+  ``ROW_TILE`` tokens at a time (the launch's tokens rounded up to 16;
+  :func:`v41.rope_heads.quantize_tile`), then, in the same row iteration, every head's FP8
+  weight tiles are decoded in-kernel (once per row tile: once per launch up to
+  ``ROW_TILE`` tokens) and applied to it (cube tiles from :mod:`v41.cube_tiles`;
+  :func:`v41.rope_heads.project_heads_tile`); the last ``rope_dim`` channels of each head are
   rotated with the token's prepared rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
   accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
@@ -30,8 +31,10 @@ caller left there (never read here).
 Cost model (A5): FLASH T=192 ~3.36 ms and T=512 ~9.0 ms (51x the vector roofline) when
 ``wq_b`` (``H * Dh x q_lora`` elements) was decoded once per 64-row tile; it is now
 decoded once per launch.  ``MX(qr)`` in 4-token tiles that are one task each
-(:func:`v41.rope_heads.quantize_rows`, 8 tiles per loop iteration) and one row loop per
-head: T=192 (190 active) 194.5 -> 165.6 us.
+and one row loop per head: T=192 (190 active) 194.5 -> 165.6 us.  That schedule's head
+products waited for one ``MX(qr)`` writer task only (pypto 0.2.0 tracks the dynamic rows
+of ``qrq`` as one cell): ordered after every piece of their row tile (one join task,
+:func:`v41.rope_heads.mx_row_tile`), FLASH T=192 101.1 -> 211.6 us, T=48 ~94 -> 110.7 us.
 
 ABI
 ---
@@ -63,7 +66,7 @@ import struct
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import mx_tiles, project_heads, quantize_rows
+from v41.rope_heads import project_heads_tile, quantize_tile
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -81,9 +84,6 @@ PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {
 
 ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
-# MX(qr) row tiles (one task each) per loop iteration: 4 instead of rope_heads' 8, FLASH
-# T=192 114.7 -> 110.6 us and T=48 97.1 -> 93.7 us (2: 110.6, 16: 113.0 us; T=4 has one).
-QRQ_TILES = 4
 # Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores): FLASH
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
 # (32: 127.7 us, 96: 136.3 us); the K partial sums follow (rope_heads.tile_product).
@@ -155,7 +155,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     compute_padding = variant == "compute_padding"
     zero_padding = variant not in ("skip_padding", "compute_padding")
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
-    tiles = min(QRQ_TILES, mx_tiles(d["tokens"]))
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -193,12 +192,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             w_t = pypto.cast(pypto.mul(pypto.cast(pypto.cast(w32, bf16), fp32), scale), bf16)
             pypto.assemble(pypto.view(w_t, [rows, heads], [0, 0], valid_shape=[valid, heads]),
                            [start, 0], weights)
-        # MX(qr), to the scratch qrq for the head loop: one task per MX_ROWS tokens
-        quantize_rows(pypto, qr, qrq, active, tiles, "IQ_QRQ")
-        # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's wq_b tiles decoded once per launch
-        project_heads(pypto, qrq, wq_b, wq_b_scale, q, active, heads, hd, ql, rope_cos,
-                      rope_sin, factors, rd, rows, N_TILE, "IQ_HEADS",
-                      tile_rows=HEAD_TILE_ROWS)
+            # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
+            # wq_b_h^T])] for each head
+            qa = quantize_tile(pypto, qr, qrq, start, rows, valid)
+            project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
+                               rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
+                               tile_rows=HEAD_TILE_ROWS)
         if zero_padding:  # rows active .. tokens - 1: zeros
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
                                 idx_name="p"):

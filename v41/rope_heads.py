@@ -61,6 +61,43 @@ def quantize_rows(pypto, x, xq, tokens, tiles, name):
     row_tile_tasks(pypto, tokens, tiles, name, tile)
 
 
+def mx_row_tile(pypto, piece, xq, start, rows, valid, k):
+    """``xq[start : start + valid] = MX(rows)`` for one row tile of ``rows`` tokens
+    (``valid`` real) of the BF16 DDR tensor ``xq [*, k]``, where ``piece(lo, v)`` traces the
+    FP32 ``[MX_ROWS, k]`` rows ``start + lo ..`` (first ``v`` real) to quantize; returns the
+    same BF16 rows as a ``[rows, k]`` tile for the row tile's products.  ``MX_ROWS``-token
+    pieces unrolled at trace time, each ONE task, then ONE task in the same root function
+    (the compiler's exact edges: it waits for every piece) copies the rows (times 1.0,
+    exact) into the returned tile, which a product in a nested loop waits for through one
+    edge (reading ``xq`` itself, whose rows are a dynamic axis, a later root function gets
+    an edge from one piece's writer only).  A piece's start is clamped to ``valid -
+    MX_ROWS`` (0 when fewer): pieces past the real rows rewrite the last piece's rows with
+    the same bytes."""
+    for u in range(rows // MX_ROWS):  # unrolled at trace time
+        with one_subgraph(pypto):
+            lo = (valid - MX_ROWS).max(0).min(u * MX_ROWS)
+            v = (valid - lo).min(MX_ROWS)
+            xr = mx_activation_rows(pypto, piece(lo, v), MX_ROWS, v, k)
+            pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+            pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[v, k]),
+                           [start + lo, 0], xq)
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(k))
+        return pypto.mul(pypto.view(xq, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
+
+
+def quantize_tile(pypto, x, xq, start, rows, valid):
+    """:func:`mx_row_tile` of rows ``start ..`` of the BF16 DDR tensor ``x [*, k]``."""
+    k = x.shape[1]
+
+    def piece(lo, v):
+        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+        return pypto.cast(pypto.view(x, [MX_ROWS, k], [start + lo, 0], valid_shape=[v, k]),
+                          pypto.DT_FP32)
+
+    return mx_row_tile(pypto, piece, xq, start, rows, valid, k)
+
+
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
                     head_dim, rope_dim, tile_rows=16):
     """Write one head ``y_bf16 [rows, head_dim]`` (first ``valid`` rows real) to ``out`` at
@@ -149,17 +186,46 @@ def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_co
                 pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
                 src = pypto.mul(pypto.view(a, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
                 src_start = 0
-            for c in range(tiles):
-                y = tile_product(pypto, src, src_start, rows, valid, wts[c], width, k,
-                                 tile_rows or 16)
-                pypto.set_vec_tile_shapes(min(rows, tile_rows or 8), width)
-                yb = pypto.cast(y, pypto.DT_BF16)
-                col = h * head_dim + c * width
-                if c == tiles - 1:
-                    cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows,
-                                                       valid)
-                    store_rope_head(pypto, yb, out, start, col, rows, valid, cos_t, sin_t,
-                                    factors, width, rope_dim, tile_rows=tile_rows or 16)
-                else:
-                    pypto.assemble(pypto.view(yb, [rows, width], [0, 0],
-                                              valid_shape=[valid, width]), [start, col], out)
+            head_rows(pypto, src, src_start, wts, out, start, rows, valid, h, head_dim, k,
+                      rope_cos, rope_sin, factors, rope_dim, tile_rows)
+
+
+def head_rows(pypto, a, a_start, wts, out, start, rows, valid, h, head_dim, k, rope_cos,
+              rope_sin, factors, rope_dim, tile_rows):
+    """``out[start : start + valid, h * head_dim ...] = [RoPE([a @ W_h^T])]`` from head
+    ``h``'s decoded tiles ``wts`` and rows ``a_start ..`` of the BF16 MX activations ``a``
+    (:func:`project_heads`' per-head body; the last tile holds the rope tail)."""
+    width = head_dim // len(wts)
+    for c, wt in enumerate(wts):
+        y = tile_product(pypto, a, a_start, rows, valid, wt, width, k, tile_rows or 16)
+        pypto.set_vec_tile_shapes(min(rows, tile_rows or 8), width)
+        yb = pypto.cast(y, pypto.DT_BF16)
+        col = h * head_dim + c * width
+        if c == len(wts) - 1:
+            cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
+            store_rope_head(pypto, yb, out, start, col, rows, valid, cos_t, sin_t, factors,
+                            width, rope_dim, tile_rows=tile_rows or 16)
+        else:
+            pypto.assemble(pypto.view(yb, [rows, width], [0, 0], valid_shape=[valid, width]),
+                           [start, col], out)
+
+
+def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, head_dim, k,
+                       rope_cos, rope_sin, factors, rope_dim, n_tile, name, *, tile_rows=None):
+    """:func:`project_heads` for ONE row tile ``a [rows, k]`` (first ``valid`` rows real; a
+    tile, e.g. :func:`mx_row_tile`'s, written before this loop in the caller's row
+    iteration): a ``pypto.loop`` over heads, each head's tiles decoded in its iteration and
+    applied to the tile, so every product is in the same root function as its decode and
+    waits for ``a``'s one writer.  A launch of several row tiles decodes every head once per
+    row tile."""
+    width = mx_linear.tile_width(head_dim, n_tile)
+    if rope_dim > width:
+        raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
+                         f"must lie in a head's last tile)")
+    table = mx_decode.e4m3_table(pypto)
+    for h in pypto.loop(heads, name=name, idx_name="h"):
+        wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
+                                             width, k, table=table)
+               for c in range(head_dim // width)]
+        head_rows(pypto, a, 0, wts, out, start, rows, valid, h, head_dim, k, rope_cos,
+                  rope_sin, factors, rope_dim, tile_rows)
