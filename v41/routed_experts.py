@@ -29,16 +29,20 @@ blocks read back as two ``[rows, inter/2]`` operands (an in-kernel ``pypto.tenso
 by one loop and read by a sibling loop crashed the simulator with an invalid slot index).
 Rows at or past ``expert_offsets[L]`` are written with exact zeros.
 
-The kernel runs in two phases, each a loop of its own:
-
-1. ``MX(x)`` of every dispatched row, its even columns then its odd ones, into the scratch
-   output ``x_mx``;
-2. per expert and row tile, W1/W3 and the SwiGLU into ``h_mx``, then W2 into ``y``.
+Per expert and row tile (one loop over experts, a nested loop over their row tiles):
+``MX(x)`` of the tile's rows, its even columns then its odd ones, into the scratch output
+``x_mx`` (each dispatched row belongs to one expert, so it is quantized exactly once), then
+W1/W3 and the SwiGLU into ``h_mx``, then W2 into ``y``.  ``x_mx`` is written and read in
+the same row tile: pypto 0.2.0 tracks a tensor written across loop iterations in cells of
+its static dims only, so with ``MX(x)`` in a loop of its own over all rows (phase 1 below)
+the products got dependency edges from that loop's LAST iteration only and raced the
+others (``harness.order_audit``); in the row tile its edges are exact.
 
 The sums are the same in any phase order.  Schedule (A5 cost model): the runtime hands a
 core the ready tasks in order, so a small vector task queued behind the weight decodes
 held every cube product that needs it.  With ``MX(x)`` computed per expert inside phase 2,
-the cube sat idle through each submission's decode wave.  Moving it to phase 1 took a
+the cube sat idle through each submission's decode wave.  Moving it to phase 1 (a loop of
+its own before the experts) took a
 FLASH EP8 rank (46 experts, 166 rows) from 4,967 to 3,901 us, splitting off phase 3 to
 3,774 us, and forcing each row tile's ``MX(x)`` into one task (its chain of small tasks
 queued behind the decodes too) to 3,709 us; reading each weight tile's scale column whole
@@ -54,7 +58,9 @@ product last, a cube-only tail with the vector cores idle: a 48-expert launch wi
 per expert (``moe``'s FLASH rank 0, whose balanced routing gives each of 84 experts one row)
 took 3,400 us with a loop per block and 3,638-3,698 us unrolled.  W2 in the same row tile
 as W1/W3 (one loop over experts) overlaps each expert's W2 products with later experts'
-decodes: that launch 3,029 us, the EP4 T=24 case's rank 0 first launch 1,197 us.
+decodes: that launch 3,029 us, the EP4 T=24 case's rank 0 first launch 1,197 us.  Moving
+``MX(x)`` back into the row tile as one forced task (the ordering fix above) costs little
+now: the EP4 T=24 case 2,185.8 -> 2,220.7 us.
 
 Applying the route weight after W2 instead is the same product up to rounding (``MX(h*w)``
 vs ``MX(h)*w``): measured at TINY it stays inside the per-row bound, so the comparison
@@ -224,17 +230,13 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         tables = mx_fp4_decode.decode_tables(pypto, swap_nibbles=swap)
         x_even, x_odd = mx_fp4_decode.even_odd_ids(pypto, d)
         h_even, h_odd = mx_fp4_decode.even_odd_ids(pypto, it)
-        used = expert_offsets[n_local]
-        for q in pypto.loop((used + rows - 1) // rows, name="RE_ACT", idx_name="q"):
-            start = q * rows
-            valid = (used - start).min(rows)
-            _activation_rows(pypto, x, x_mx, start, valid, rows, (x_even, x_odd))
         for j in pypto.loop(n_local, name="RE_EXPERTS", idx_name="j"):
             s = expert_offsets[j]
             e = expert_offsets[j + 1]
             for i in pypto.loop((e - s + rows - 1) // rows, name="RE_ROWS", idx_name="i"):
                 start = s + i * rows
                 valid = (e - start).min(rows)
+                _activation_rows(pypto, x, x_mx, start, valid, rows, (x_even, x_odd))
                 for p in range(inter // it):  # unrolled at trace time (one function per row tile)
                     gu = []
                     for w, ws in ((w1, w1_scale), (w3, w3_scale)):
