@@ -17,11 +17,12 @@ scratch output ``lat_mx``; ``O_WO_B`` then decodes each ``wo_b`` tile ONCE per l
 applies it to every row tile, so the decode work does not grow with ``tokens``.
 
 Task graph (the A5 cost model's AICPU charges every task and dependency edge): each weight
-tile's scale-row gather and decode are one subgraph, each ``LAT_ROWS``-row piece of a
-group's latent (BF16 cast, MXFP8 activation, copy out) is one subgraph, and the K-partial
-adds of a ``wo_b`` product go in ``ADD_ROWS``-row tiles.  FLASH TP4 T=192: 1,321 -> 521
-tasks, 303 -> 179 us; the same operations in the same order, so the same output bits.  The
-inverse RoPE on the whole row tile and 96-row adds: T=192 170.6 -> 149.5 us (est.sh case).
+tile's scale-row gather and decode are one subgraph, each column piece of a group's
+latent (BF16 cast, MXFP8 activation, copy out; :func:`_latent_out`) is one subgraph, and
+the K-partial adds of a ``wo_b`` product go in ``ADD_ROWS``-row tiles.  FLASH TP4 T=192:
+1,321 -> 521 tasks, 303 -> 179 us; the same operations in the same order, so the same
+output bits.  The inverse RoPE on the whole row tile and 96-row adds: T=192 170.6 -> 149.5
+us (est.sh case).
 A cube product's charge is mostly fixed per task (its left operand's pass over K), so the
 ``wo_b`` tiles take 256 rows: 40 products of 21.8 k cycles instead of 80 of 16.5 k, half
 the decodes, tasks and edges; with 64-row adds: T=4 / 48 / 192 / 1024 102.6 / 108.6 /
@@ -70,7 +71,7 @@ ROW_TILE = 192  # most tokens per row tile (the weight is decoded once per launc
 N_TILE = 256  # wo_b output rows decoded per weight tile (and columns per wo_b product)
 WO_A_N = 128  # latent columns per wo_a product
 ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
-LAT_ROWS = 8  # latent rows per MX-activation subgraph
+LAT_ROWS = 8  # an MX-activation subgraph takes LAT_ROWS * lora latent elements
 ADD_ROWS = 64  # rows per vector tile of the K-partial adds ([64, 256] FP32: 64 KB)
 
 VARIANTS = {
@@ -146,7 +147,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         wo_b: pypto.Tensor([hidden, k], pypto.DT_UINT8),
         wo_b_scale: pypto.Tensor([hidden // 32, k // 32], pypto.DT_UINT8),
         partial: pypto.Tensor([tokens_dim, hidden], pypto.DT_FP32),
-        lat_mx: pypto.Tensor([tokens_dim, k], pypto.DT_BF16),
+        lat_mx: pypto.Tensor([d["tokens"], k], pypto.DT_BF16),  # static rows: order_audit
     ):
         tokens = attn_out.shape[0]
         pypto.set_cube_tile_shapes(*cube_a)
@@ -190,21 +191,25 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
 
 def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant):
     """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` for one group's FP32 ``[rows,
-    lora]`` latent, in ``LAT_ROWS``-row pieces: each piece's casts, MXFP8 activation and
-    copy out as one subgraph (one task instead of four dependent ones), the MX group steps
-    on one ``[LAT_ROWS * lora / 32, 32]`` tile (32 KB FP32) instead of ``[64, 32]`` tiles:
-    a quarter of the tile steps, FLASH TP4 T=192 compile 12.3 -> 4.3 s, 179.4 -> 176.8 us."""
-    r = min(rows, LAT_ROWS)
-    for c0 in range(0, rows, r):  # unrolled at trace time
-        vc = (valid - c0).max(0).min(r)
+    lora]`` latent, in column pieces of ``LAT_ROWS * lora / rows`` (a multiple of 32, so
+    the MX groups are the same): each piece's casts, MXFP8 activation and copy out as one
+    subgraph on one tile.  Column pieces, not row pieces: pypto 0.2.0 tracks the dynamic
+    ``tokens`` rows of ``lat_mx`` as one cell per static column block, so the products
+    would wait for the last row piece of a column block only, while each column piece is
+    a cell of its own (FLASH TP4 T=4 / 192: 94.0 / 134.9 -> 95.9 / 175.3 us).  Past one row
+    tile the row pieces of different tiles are one cell too: ``lat_mx`` has static rows
+    (the case's tokens), tracked per written tile, so each product waits for its own row
+    tile (``harness.order_audit`` at TINY T=384)."""
+    w = mx_linear.k_chunk(lora, max(32, LAT_ROWS * lora // rows))
+    for c0 in range(0, lora, w):  # unrolled at trace time
         with one_subgraph(pypto):
-            pypto.set_vec_tile_shapes(min(r, 8), lora)
-            piece = pypto.view(lat, [r, lora], [c0, 0], valid_shape=[vc, lora])
+            pypto.set_vec_tile_shapes(rows, w)
+            piece = pypto.view(lat, [rows, w], [0, c0], valid_shape=[valid, w])
             lat32 = pypto.cast(pypto.cast(piece, pypto.DT_BF16), pypto.DT_FP32)
-            xq = mx_linear.mx_activation_bf16(pypto, lat32, r, vc, lora,
+            xq = mx_linear.mx_activation_bf16(pypto, lat32, rows, valid, w,
                                               skip_quant=skip_quant,
-                                              group_tile_rows=r * lora // 32)
-            mx_linear.assemble_rows(pypto, xq, lat_mx, start + c0, col, r, vc, lora)
+                                              group_tile_rows=rows * w // 32, vec_rows=rows)
+            mx_linear.assemble_rows(pypto, xq, lat_mx, start, col + c0, rows, valid, w)
 
 
 def _rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k, out, col):
