@@ -228,10 +228,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
         kv: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
         qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
-        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        xq: pypto.Tensor([d["tokens"], hidden], pypto.DT_BF16),  # static rows: order_audit
         qa: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
         kva: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
-        qrq: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
+        qrq: pypto.Tensor([d["tokens"], ql], pypto.DT_BF16),  # static rows: order_audit
     ):
         tokens = x.shape[0]
         row_tiles = (tokens + rows - 1) // rows

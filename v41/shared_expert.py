@@ -192,7 +192,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         w2: pypto.Tensor([hidden, inter], pypto.DT_UINT8),
         w2_scale: pypto.Tensor([hidden // 32, inter // 32], pypto.DT_UINT8),
         y: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
-        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
+        xq: pypto.Tensor([d["tokens"], hidden], pypto.DT_BF16),  # static rows: order_audit
         h_mx: pypto.Tensor([tokens_dim, inter], pypto.DT_BF16),
     ):
         tokens = x.shape[0]
