@@ -1,29 +1,30 @@
 """Ordering a later loop after EVERY iteration of an earlier loop that wrote rows it reads.
 
-pypto 0.2.0's runtime tracks a tensor written across root functions (loop iterations) in
-cells of its static dims (``device_slot_context.cpp``, ``UpdateSlotsForStitch``;
-``dev_encode.cpp``, ``InitPartialUpdateCellMatch``).  Along the dynamic ``tokens`` axis
-every write lands in one cell and each new writer replaces the last, so a later loop that
-reads rows written by every iteration of an earlier loop gets an edge from the last
-iteration only: on a card it would race the other iterations' writes
-(``harness.order_audit`` finds such loops in kept task graphs).
+pypto 0.2.0's runtime tracks a tensor written in one root function (a loop iteration) and
+read in a later one in cells of its static dims (``device_slot_context.cpp``,
+``UpdateSlotsForStitch``; ``dev_encode.cpp``, ``InitPartialUpdateCellMatch`` and
+``EncodeAnalysisOpUseOutCasts``): a partial write records its task as the cell's last
+writer.  Along the dynamic ``tokens`` axis every write of a column block lands in one
+cell, so a later reader gets an edge from one writer only: the last iteration's, and in
+it the last piece's (``harness.order_audit`` finds both in kept task graphs).
 
-Two ways to restore the order without serializing the iterations:
+The kernels restore the order in one of four ways:
 
-* put the reader inside the writer's iteration (a nested loop or code after it in the same
-  iteration body): root functions are stitched in program order, so at that point the
-  iteration's own writers are the last ones;
-* or, when the reader is a vector task that can take one more small input: :func:`mark`
-  in every iteration (one small task reading a row the iteration wrote, edges inside one
-  root function being the compiler's exact static ones, and writing row ``i`` of the
-  static :func:`marks` tensor, whose rows are tracked one cell each), then
-  :func:`gated`: a value times exactly 1.0, computed from ``marks[:n]``, so it waits for
-  every iteration's mark, and so does every task that reads it.
+* the reader in the writer's root function (``routed_experts``' MX(x) in its row tile);
+* one join task in the writer's iteration that reads every piece (the compiler's exact
+  edges) and hands the readers a copy (``rope_heads.mx_row_tile``, ``index_query``);
+* static rows for the hand-over tensor (the case's tokens: a build is per case), tracked
+  per written tile (``o_proj``'s ``lat_mx``, ``qkv_proj_rope``'s ``xq``/``qrq``), with
+  pieces that split columns rather than rows inside one iteration (``o_proj``);
+* where the reader is a vector task: :func:`mark` in every iteration (one small task
+  reading a row the iteration wrote, writing row ``i`` of the static :func:`marks`
+  tensor, whose rows are tracked one cell each), then :func:`gated`, a value times
+  exactly 1.0 computed from ``marks[:n]`` that the readers multiply their read by
+  (``compressor_ratio2``).  Gating a weight decode's code table instead delays the decode
+  to the end of the writing loop (``o_proj`` at FLASH TP4 T=192: 210.3 us).
 
-Gating a weight decode's code table this way delays the decode to the end of the writing
-loop: ``o_proj`` at FLASH TP4 T=192 went 134.9 -> 210.3 us, so products that read a
-decoded weight take the first way.  Nothing is rounded: marks hold exactly 1.0 whatever
-the data (non-finite values included) and gated values are multiplied by exactly 1.0.
+Nothing is rounded: marks hold exactly 1.0 whatever the data (non-finite values
+included) and gated values are multiplied by exactly 1.0.
 """
 
 MAX_MARKS = 1024  # loop iterations one mark tensor orders at most
