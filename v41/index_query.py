@@ -7,7 +7,7 @@ Per active token (brackets mark a BF16 cast, as in the golden):
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
   MXFP8 (activation rule) into the scratch output ``qrq`` one row tile of up to
   ``ROW_TILE`` tokens at a time (the launch's tokens rounded up to 16;
-  :func:`v41.rope_heads.quantize_tile`), then, in the same row iteration, every head's FP8
+  :func:`v41.rope_heads.mx_row_tile`), then, in the same row iteration, every head's FP8
   weight tiles are decoded in-kernel (once per row tile: once per launch up to
   ``ROW_TILE`` tokens) and applied to it (cube tiles from :mod:`v41.cube_tiles`;
   :func:`v41.rope_heads.project_heads_tile`); the last ``rope_dim`` channels of each head are
@@ -66,7 +66,7 @@ import struct
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import project_heads_tile, quantize_tile
+from v41.rope_heads import mx_row_tile, project_heads_tile
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -194,7 +194,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                            [start, 0], weights)
             # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
             # wq_b_h^T])] for each head
-            qa = quantize_tile(pypto, qr, qrq, start, rows, valid)
+            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid)
             project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
                                rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
                                tile_rows=HEAD_TILE_ROWS)

@@ -48,54 +48,41 @@ def quantize_rows(pypto, x, xq, tokens, tiles, name):
     for a BF16 DDR tensor ``x [*, k]`` in :func:`row_tile_tasks` tiles (rows at or past
     ``tokens`` neither read nor written)."""
     k = x.shape[1]
-
-    def tile(start, valid):
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-        x32 = pypto.cast(pypto.view(x, [MX_ROWS, k], [start, 0], valid_shape=[valid, k]),
-                         pypto.DT_FP32)
-        xr = mx_activation_rows(pypto, x32, MX_ROWS, valid, k)
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-        pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[valid, k]),
-                       [start, 0], xq)
-
-    row_tile_tasks(pypto, tokens, tiles, name, tile)
+    row_tile_tasks(pypto, tokens, tiles, name,
+                   lambda start, valid: _mx_piece(pypto, x, xq, start, valid, k))
 
 
-def mx_row_tile(pypto, piece, xq, start, rows, valid, k):
-    """``xq[start : start + valid] = MX(rows)`` for one row tile of ``rows`` tokens
-    (``valid`` real) of the BF16 DDR tensor ``xq [*, k]``, where ``piece(lo, v)`` traces the
-    FP32 ``[MX_ROWS, k]`` rows ``start + lo ..`` (first ``v`` real) to quantize; returns the
-    same BF16 rows as a ``[rows, k]`` tile for the row tile's products.  ``MX_ROWS``-token
-    pieces unrolled at trace time, each ONE task, then ONE task in the same root function
-    (the compiler's exact edges: it waits for every piece) copies the rows (times 1.0,
-    exact) into the returned tile, which a product in a nested loop waits for through one
-    edge (reading ``xq`` itself, whose rows are a dynamic axis, a later root function gets
-    an edge from one piece's writer only).  A piece's start is clamped to ``valid -
-    MX_ROWS`` (0 when fewer): pieces past the real rows rewrite the last piece's rows with
-    the same bytes."""
+def _mx_piece(pypto, x, xq, row, valid, k):
+    """``xq[row : row + valid] = MX(x[row : row + valid])`` for one ``MX_ROWS``-token piece
+    of the BF16 DDR tensor ``x [*, k]`` (:func:`mx_activation_rows`; the caller makes it
+    one task)."""
+    pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+    x32 = pypto.cast(pypto.view(x, [MX_ROWS, k], [row, 0], valid_shape=[valid, k]),
+                     pypto.DT_FP32)
+    xr = mx_activation_rows(pypto, x32, MX_ROWS, valid, k)
+    pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
+    pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[valid, k]), [row, 0], xq)
+
+
+def mx_row_tile(pypto, x, xq, start, rows, valid):
+    """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
+    ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``; returns
+    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products.
+    ``MX_ROWS``-token pieces (:func:`_mx_piece`) unrolled at trace time, each ONE task, then
+    ONE task in the same root function (the compiler's exact edges: it waits for every
+    piece) copies the rows (times 1.0, exact) into the returned tile, which a product in a
+    nested loop waits for through one edge (reading ``xq`` itself, whose rows are a dynamic
+    axis, a later root function gets an edge from one piece's writer only).  A piece's
+    start is clamped to ``valid - MX_ROWS`` (0 when fewer): pieces past the real rows
+    rewrite the last piece's rows with the same bytes."""
+    k = x.shape[1]
     for u in range(rows // MX_ROWS):  # unrolled at trace time
         with one_subgraph(pypto):
             lo = (valid - MX_ROWS).max(0).min(u * MX_ROWS)
-            v = (valid - lo).min(MX_ROWS)
-            xr = mx_activation_rows(pypto, piece(lo, v), MX_ROWS, v, k)
-            pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-            pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[v, k]),
-                           [start + lo, 0], xq)
+            _mx_piece(pypto, x, xq, start + lo, (valid - lo).min(MX_ROWS), k)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(k))
         return pypto.mul(pypto.view(xq, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
-
-
-def quantize_tile(pypto, x, xq, start, rows, valid):
-    """:func:`mx_row_tile` of rows ``start ..`` of the BF16 DDR tensor ``x [*, k]``."""
-    k = x.shape[1]
-
-    def piece(lo, v):
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-        return pypto.cast(pypto.view(x, [MX_ROWS, k], [start + lo, 0], valid_shape=[v, k]),
-                          pypto.DT_FP32)
-
-    return mx_row_tile(pypto, piece, xq, start, rows, valid, k)
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
