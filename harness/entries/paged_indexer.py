@@ -76,7 +76,8 @@ def build_inputs(config, case):
     at = 0
     for r, n in enumerate(counts):
         cap = need[r] * bs
-        start = int(torch.randint(max(0, cap - n - ix.topk), cap - n + 1, (1,), generator=g))
+        last = max(0, cap - n)  # a request longer than its pages: from 0, lens clamped to cap
+        start = int(torch.randint(max(0, last - ix.topk), last + 1, (1,), generator=g))
         lens[at:at + n] = torch.arange(start + 1, start + n + 1).clamp(max=cap).to(torch.int32)
         at += n
     lens[0] = 0  # sees nothing: an all -1 row
