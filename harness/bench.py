@@ -30,6 +30,12 @@ the TINY ``moe`` and ``routed_experts`` figures are the same with real weights).
 ``--plot FILE`` (.png or .svg, needs matplotlib) also draws these rows as a roofline chart
 (:mod:`harness.plots.roofline`).
 
+``--order-audit`` keeps each case's task graphs in a temporary directory and audits them
+(:mod:`harness.order_audit`: every reader of a tensor written in an earlier loop iteration
+or piece waits for every writer), then deletes them; the row's ``order`` says ``ordered``
+or names the first unordered launch, and an unordered case fails the run: an estimate
+whose readers start before their writers end is not a figure to judge.
+
 ``--forward [--tokens T --tp --dp --ep]`` estimates one decode step of the whole model instead
 (:mod:`harness.forward_bench`: each distinct piece once, times its count in the schedule).
 
@@ -239,6 +245,33 @@ def _run(case: Case, estimate_only: bool):
         platform.close()
 
 
+def _audited_run(case: Case, estimate_only: bool):
+    """:func:`_run` with the case's launches kept in a temporary directory, their task
+    graphs audited (:func:`harness.order_audit.verdict`) and the directory deleted:
+    ``(result, verdict)``."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from harness.order_audit import verdict
+    from harness.platforms.pypto_env import ENV_KEEP, ENV_RUN_DIR
+
+    root = tempfile.mkdtemp(prefix="v41-order-")
+    saved = {k: os.environ.get(k) for k in (ENV_RUN_DIR, ENV_KEEP)}
+    os.environ.update({ENV_RUN_DIR: root, ENV_KEEP: "1"})
+    try:
+        result = _run(case, estimate_only)
+        return result, verdict(Path(root))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.bench",
                                  description=__doc__.splitlines()[0])
@@ -264,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     for axis, default in (("tp", 4), ("dp", 2), ("ep", 8)):
         ap.add_argument(f"--{axis}", type=int, default=None,
                         help=f"with --forward (default {default})")
+    ap.add_argument("--order-audit", action="store_true",
+                    help="keep each case's task graphs and audit them (harness.order_audit): "
+                         "a case whose readers do not wait for every writer fails")
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--save-baseline", metavar="FILE", default=None,
                       help="write these cases' estimates to FILE (JSON baseline)")
@@ -322,10 +358,15 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             continue
         roofline(work, plat)  # a bad declaration fails before the run
+        order = None
         with _fixture_mode(args.estimate_only):
-            r = _run(case, args.estimate_only)
+            if args.order_audit:
+                r, order = _audited_run(case, args.estimate_only)
+            else:
+                r = _run(case, args.estimate_only)
         bad += r.status != ("estimate" if args.estimate_only else "pass")
-        rows.append(bench_row(case, r, work, plat, topo))
+        bad += order not in (None, "ordered")
+        rows.append(dict(bench_row(case, r, work, plat, topo), order=order))
         if args.json:
             print(json.dumps(rows[-1]), flush=True)
     if not args.json:
@@ -333,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             if row["reason"]:
                 print(f"{row['case']}: {row['status']}: {row['reason']}")
+            if row["order"] not in (None, "ordered"):
+                print(f"{row['case']}: order: {row['order']}")
     if args.plot is not None:
         from harness.plots.roofline import write_roofline
         path, data = write_roofline(rows, args.plot, plat.hbm_bytes_per_s, plat.peaks)

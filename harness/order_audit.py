@@ -243,6 +243,24 @@ def strand_dir(root: Path) -> dict[str, list[Stranded]]:
             for topo in sorted(root.rglob("dyn_topo.txt"))}
 
 
+def verdict(root: Path) -> str:
+    """``ordered`` when every launch kept under ``root`` has neither a loop finding nor a
+    stranded writer; ``unordered: <launch>: <first finding>`` (and how many launches are
+    flagged) otherwise; ``no task graph`` when no ``dyn_topo.txt`` was kept."""
+    strands = strand_dir(root)
+    flagged = []
+    launches = audit_dir(root)
+    for launch, found in launches.items():
+        lines = summary_lines(found) + stranded_lines(strands.get(launch, []))
+        if lines:
+            flagged.append(f"{launch}: {lines[0]}")
+    if not launches:
+        return "no task graph"
+    if not flagged:
+        return "ordered"
+    return f"unordered ({len(flagged)} of {len(launches)} launches): {flagged[0]}"
+
+
 def _launch(topo: Path) -> str:
     launch = next((p.name for p in topo.parents if p.name.startswith("launch-")),
                   str(topo.parent))

@@ -321,3 +321,41 @@ def test_a_case_its_fixture_cannot_build_is_reported_and_the_rest_run(monkeypatc
     rows = [json.loads(line) for line in captured.out.splitlines()]
     assert rows and {r["entry"] for r in rows} == {"rmsnorm"}
     assert "gate-" in captured.err and "not run: RuntimeError: random_ expects" in captured.err
+
+
+def test_order_audit_fails_a_case_whose_task_graph_is_unordered(monkeypatch, capsys):
+    import os
+    from pathlib import Path
+
+    head = "seqNo,taskId,rootIndex,rootHash,opmagic,leafIndex,leafHash,coreType,psgId,successors"
+    f = 1 << 20  # functions 1, 2: iterations of loop w; 3: a later reader
+
+    def task(t, h, succ):
+        return f"0,{t},0,{h},1,0,0,0,0,,{','.join(map(str, succ))}"
+    last_only = [task(f, "w", []), task(2 * f, "w", [3 * f]), task(3 * f, "r", [])]
+    every = [task(f, "w", [3 * f]), task(2 * f, "w", [3 * f]), task(3 * f, "r", [])]
+    seen = []
+
+    def fake_run(case, *a, **k):
+        if "V41_RUN_DIR" in os.environ:  # a launch that keeps its task graph
+            root = Path(os.environ["V41_RUN_DIR"])
+            seen.append((root, os.environ.get("V41_KEEP_RUN_DIR")))
+            out = root / "launch-0001-x-rank0" / "output" / "o1"
+            out.mkdir(parents=True)
+            lines = last_only if case.entry == "rmsnorm" else every
+            (out / "dyn_topo.txt").write_text("\n".join([head] + lines) + "\n")
+        return CaseResult(case=case, sut="kernel:x", status="pass",
+                          costs=[{"rank": 0, "aicore_e2e_us": 4.0, "total_cycles": 1}])
+
+    import harness.runner
+    monkeypatch.setattr(harness.runner, "run_case", fake_run)
+    monkeypatch.delenv("V41_RUN_DIR", raising=False)
+    assert bench.main(["--json", "--order-audit", "rmsnorm", "gate", "--preset", "flash",
+                       "--tokens", "192"]) == 1
+    rows = {r["entry"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["gate"]["order"] == "ordered"
+    assert rows["rmsnorm"]["order"].startswith("unordered (1 of 1 launches): launch-0001-x-rank0")
+    assert len(seen) == 2 and all(keep == "1" and not root.exists() for root, keep in seen)
+    assert "V41_RUN_DIR" not in os.environ
+    assert bench.main(["--json", "gate", "--preset", "flash", "--tokens", "192"]) == 0
+    assert json.loads(capsys.readouterr().out)["order"] is None  # not audited unless asked

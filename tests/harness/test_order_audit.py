@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.order_audit import (audit_dir, findings, main, parse_topo, strand_dir,
-                                  stranded_lines, stranded_writers, summary_lines)
+                                  stranded_lines, stranded_writers, summary_lines, verdict)
 
 HEADER = "seqNo,taskId,rootIndex,rootHash,opmagic,leafIndex,leafHash,coreType,psgId,successors"
 F = 1 << 20  # task ids: root function index in the bits above 20
@@ -133,3 +133,15 @@ def test_cli_reports_stranded_writers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0 unordered (loop, reader) pairs, 1 outcasts with stranded writers" in out
     assert set(strand_dir(tmp_path)) == {"launch-0001-x-rank0 (o1)"}
+
+
+def test_verdict_names_the_first_unordered_launch(tmp_path):
+    for name, text in (("launch-0001-x-rank0", EVERY), ("launch-0002-x-rank1", LAST_ONLY)):
+        d = tmp_path / name / "output" / "o1"
+        d.mkdir(parents=True)
+        (d / "dyn_topo.txt").write_text(text)
+    assert verdict(tmp_path / "launch-0001-x-rank0") == "ordered"
+    assert verdict(tmp_path) == (
+        "unordered (1 of 2 launches): launch-0002-x-rank1 (o1): loop w (iterations 1, 2): "
+        "iterations 1 reach none of 2 functions the loop feeds (3, 4)")
+    assert verdict(tmp_path / "empty") == "no task graph"
