@@ -8,30 +8,41 @@ Per token (brackets mark a BF16 cast, as in the golden):
 * ``kv = [RoPE([RMSNorm([MX(x) @ wkv^T], kv_norm)])]`` ``[rows, head_dim]``;
 * ``q_h = [RoPE([MX(qr) @ wq_b_h^T])]`` for each of the rank's heads.
 
-Schedule (weight-stationary: every weight tile is decoded ONCE per launch and applied to
-every row tile, so the decode work and the traced bodies do not grow with ``tokens``):
-``QKV_XQ`` writes ``MX(x)`` to the scratch output ``xq`` in 4-token tiles, each ONE task
-(:func:`v41.rope_heads.quantize_rows`); ``QKV_WQA`` / ``QKV_WKV`` decode one
-``N_TILE``-row weight tile per iteration and write the BF16-rounded products to the
-scratch outputs ``qa`` / ``kva``; ``QKV_QR`` normalizes whole ``qa`` rows into ``qr`` and
-writes ``MX(qr)`` to the scratch ``qrq``, again one task per 4-token tile; ``QKV_NORM``
-normalizes and rotates ``kv``; ``QKV_HEADS`` decodes each head's ``wq_b`` tiles once and
-writes ``q`` (one row loop per head; RoPE on the head's last tile, which holds its whole
-rope tail).  The scratch tensors are outputs because an in-kernel ``pypto.tensor``
-written by one loop and read by a sibling loop crashes the simulator.
+Schedule: ONE ``pypto.loop`` ``QKV_ROWS`` over row tiles of up to ``ROW_TILE`` tokens (one
+iteration for a decode launch), each iteration in the order of its data:
 
-Cost model (A5, FLASH TP4 rank, T=192): 575 -> 320 us.  The vector pass merge
-(``PASS_OPTIONS``) 575 -> 522; ``MX(x)`` as 48 one-task tiles instead of waves of small
-per-operation tasks 522 -> 398; fewer loop iterations (8 tiles unrolled per iteration, one
-row loop per head: the launch fits one 128-function stitched submission, where the last
-heads had waited for a second one) and ``MX(qr)`` in one-task tiles 398 -> 349; the MX
-steps in ``[160, 32]`` tiles 349 -> 320; the head loop's copy of its ``qrq`` rows (the last
-``MX(qr)`` task resolved 257 successor edges, 100 k AICPU cycles, before any head product
-could start; now 49), the K partial sums on 64-row tiles and the head weight decodes gated
-on ``xq`` (they no longer take the vector cores the ``wq_a`` decodes wait on at launch
-start) 295 -> 267 us (T=1024 1112 -> 938).  Tried: merging 4 subgraphs (456 us); the sum and
-cast of each head tile's K-chunk products as one task (331 us); stitching 256 or 512
-functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation error).
+* ``MX(x)`` of the tile in 4-token pieces, each ONE task, written to the scratch output
+  ``xq``, then one join copy of the tile (:func:`v41.rope_heads.mx_row_tile`);
+* nested loops ``QKV_WQA`` / ``QKV_WKV``: one ``N_TILE``-row weight tile decoded per
+  iteration and applied to the join copy, the BF16 product written to the scratch ``qa``
+  / ``kva`` as one task per column block (:func:`project_tile`);
+* ``qr = [RMSNorm(qa)]`` and ``MX(qr)`` to the scratch ``qrq`` in 4-token pieces, then one
+  join copy (:func:`normalize_q_tile`); ``kv = [RoPE([RMSNorm(kva)])]``;
+* nested loop ``QKV_HEADS`` (:func:`v41.rope_heads.project_heads_tile`): each head copies
+  the ``MX(qr)`` join tile, decodes its ``wq_b`` tiles and writes ``q`` (RoPE on the
+  head's last tile, which holds its whole rope tail).
+
+Ordering (pypto 0.2.0, :mod:`v41.order`): a root function (loop iteration) reading rows a
+previous one wrote gets an edge from the last writer of each static-dim cell only, and
+along the dynamic ``tokens`` axis a column block is one cell.  So every hand-over is
+either inside one root function (exact edges), from a join copy (one writer per cell of a
+static ``[rows, k]`` tile) or from a column block written by one task; no later row tile
+reads an earlier one's rows.  The weights are decoded once per row tile (once per launch
+up to ``ROW_TILE`` tokens).  The scratch tensors are outputs because an in-kernel
+``pypto.tensor`` written by one loop and read by a sibling loop crashes the simulator.
+
+Cost model (A5, FLASH TP4 rank, T=192).  The earlier weight-stationary schedule (sibling
+loops ``QKV_XQ``, ``QKV_WQA``, ``QKV_WKV``, ``QKV_QR``, ``QKV_NORM``, ``QKV_HEADS``) came
+down 575 -> 267 us with the vector and cube pass merges, one-task 4-token MX tiles,
+``[160, 32]`` MX group tiles, 64-row K partial sums and per-head copies of the ``MX(qr)``
+rows, but its readers waited for the last row tile of ``xq`` / ``qa`` / ``kva`` / ``qrq``
+only (racy); with static rows for ``xq`` / ``qrq`` (one edge per 4-token writer) 621.5
+us.  This schedule: 390.9 us; each head's copy of the ``MX(qr)`` tile (the join's three
+tasks resolved 449 successor edges each, ~390 AICPU cycles apiece; now 81) 343.9; the
+``qa`` / ``kva`` column block cast and written as one ``[192, 128]`` tile (12 tasks per
+block before) 318.6 us.  Tried on the earlier schedule: merging 4 subgraphs (456 us); the
+sum and cast of each head tile's K-chunk products as one task (331 us); stitching 256 or
+512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation error).
 
 MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
 decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
@@ -73,14 +84,15 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import (MX_ROWS, mx_activation_rows, mx_tiles, project_heads, quantize_rows,
-                             row_tile_tasks, store_rope_head, tile_product)
+from v41.rope_heads import (MX_ROWS, mx_activation_rows, mx_row_tile, project_heads_tile,
+                             row_tile_pieces, store_rope_head, tile_product)
+from v41.subgraph import one_subgraph
 
 # Same-structure vector and cube subgraph pairs of a loop iteration merge into one task each
 # (partition only, same bits): cube pairs FLASH T=4 187.8 -> 179.2 us, T=192 298.4 -> 294.7.
 PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {-1: 2}}
 
-ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
+ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per row tile)
 N_TILE = 128  # weight output rows decoded per tile
 # Rows of the vector tiles that add the products' K partials (and, in the head loop, cast,
 # rotate and store): 64 instead of 16 / 8, each tile paying ~1.5 k cycles of DDR copy-in
@@ -143,48 +155,54 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
 
 
-def normalize_q_rows(pypto, qa, q_norm, qr, qrq, tokens, tiles, eps, apply):
-    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows below ``tokens`` in
-    :func:`v41.rope_heads.row_tile_tasks` tiles, each one task (the norm weight is reshaped
-    inside the tile, not hoisted into a task every tile waits on)."""
+def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply):
+    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows ``start .. start + valid - 1``
+    in :func:`v41.rope_heads.row_tile_pieces` pieces, each one task (the norm weight is
+    reshaped inside the piece, not hoisted into a task every piece waits on); returns the
+    row tile's ``MX(qr)`` rows as a ``[rows, q_lora]`` tile (the pieces' join copy)."""
     ql = qa.shape[1]
     fp32, bf16 = pypto.DT_FP32, pypto.DT_BF16
 
-    def tile(start, valid):
+    def piece(row, valid):
         pypto.set_vec_tile_shapes(1, ql)
         qn = pypto.reshape(q_norm, [1, ql])
         pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
-        qa32 = pypto.cast(pypto.view(qa, [MX_ROWS, ql], [start, 0], valid_shape=[valid, ql]),
+        qa32 = pypto.cast(pypto.view(qa, [MX_ROWS, ql], [row, 0], valid_shape=[valid, ql]),
                           fp32)
         qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, MX_ROWS, ql, eps, apply=apply), bf16)
         pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
         pypto.assemble(pypto.view(qr_t, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
-                       [start, 0], qr)
+                       [row, 0], qr)
         qrm = mx_activation_rows(pypto, pypto.cast(qr_t, fp32), MX_ROWS, valid, ql)
         pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
         pypto.assemble(pypto.view(qrm, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
-                       [start, 0], qrq)
+                       [row, 0], qrq)
 
-    row_tile_tasks(pypto, tokens, tiles, "QKV_QR", tile)
+    return row_tile_pieces(pypto, qrq, start, rows, valid, piece)
 
 
-def project_rows(pypto, xq, w, ws, out, tokens, n, k, rows, name):
-    """``out[:tokens] = [xq @ W^T]`` (BF16) for MX activations ``xq [tokens, k]``: a
-    ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded once and applied to every
-    row tile of ``rows`` tokens."""
-    row_tiles = (tokens + rows - 1) // rows
+def project_tile(pypto, a, w, ws, out, start, rows, valid, n, k, table, name):
+    """``out[start : start + valid] = [a @ W^T]`` (BF16) for one row tile ``a [rows, k]`` of
+    MX activations: a ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded in its
+    iteration and applied to the tile, its BF16 columns written by ONE task (a reader after
+    the loop gets an edge from each column block's writer; row pieces would leave all but
+    the last piece unordered)."""
     width = mx_linear.tile_width(n, N_TILE)
-    table = mx_decode.e4m3_table(pypto)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
         wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k, table=table)
-        for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
-            start = i * rows
-            valid = (tokens - start).min(rows)
-            y = tile_product(pypto, xq, start, rows, valid, wt, width, k, SUM_TILE_ROWS)
-            pypto.set_vec_tile_shapes(min(rows, 8), width)
-            yb = pypto.view(pypto.cast(y, pypto.DT_BF16), [rows, width], [0, 0],
-                            valid_shape=[valid, width])
-            pypto.assemble(yb, [start, nt * width], out)
+        y = tile_product(pypto, a, 0, rows, valid, wt, width, k, SUM_TILE_ROWS)
+        store_columns(pypto, y, out, start, nt * width, rows, valid, width)
+
+
+def store_columns(pypto, y, out, start, col, rows, valid, width):
+    """``out[start : start + valid, col : col + width] = [y]`` (BF16) for FP32 ``y [rows,
+    width]``, as one task on one vector tile (``[192, 128]``: 144 KB of the UB).
+    Module-level: the jit parser refuses a ``with`` in a loop."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rows, width)
+        yb = pypto.view(pypto.cast(y, pypto.DT_BF16), [rows, width], [0, 0],
+                        valid_shape=[valid, width])
+        pypto.assemble(yb, [start, col], out)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -203,7 +221,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     heads = qw // hd
     eps = float(config.rms_norm_eps)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
-    tiles = mx_tiles(d["tokens"])
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
@@ -228,36 +245,41 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         q: pypto.Tensor([tokens_dim, qw], pypto.DT_BF16),
         kv: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
         qr: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
-        xq: pypto.Tensor([d["tokens"], hidden], pypto.DT_BF16),  # static rows: order_audit
+        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
         qa: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
         kva: pypto.Tensor([tokens_dim, hd], pypto.DT_BF16),
-        qrq: pypto.Tensor([d["tokens"], ql], pypto.DT_BF16),  # static rows: order_audit
+        qrq: pypto.Tensor([tokens_dim, ql], pypto.DT_BF16),
     ):
         tokens = x.shape[0]
-        row_tiles = (tokens + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
-        quantize_rows(pypto, x, xq, tokens, tiles, "QKV_XQ")
-        project_rows(pypto, xq, wq_a, wq_a_scale, qa, tokens, ql, hidden, rows, "QKV_WQA")
-        project_rows(pypto, xq, wkv, wkv_scale, kva, tokens, hd, hidden, rows, "QKV_WKV")
         factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
-        # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
-        normalize_q_rows(pypto, qa, q_norm, qr, qrq, tokens, tiles, eps, q_norm_on)
-        pypto.set_vec_tile_shapes(1, hd)
-        kn = pypto.reshape(kv_norm, [1, hd])
-        for i in pypto.loop(row_tiles, name="QKV_NORM", idx_name="r"):
+        for i in pypto.loop((tokens + rows - 1) // rows, name="QKV_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
-            cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
+            # MX(x) of the row tile (also to the scratch xq), then [MX(x) @ wq_a^T] and
+            # [MX(x) @ wkv^T] into the scratch qa / kva
+            xa = mx_row_tile(pypto, x, xq, start, rows, valid)
+            table = mx_decode.e4m3_table(pypto)
+            project_tile(pypto, xa, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden, table,
+                         "QKV_WQA")
+            project_tile(pypto, xa, wkv, wkv_scale, kva, start, rows, valid, hd, hidden, table,
+                         "QKV_WKV")
+            # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
+            qra = normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps,
+                                   q_norm_on)
             # kv = [RoPE([RMSNorm(kva)])]
+            cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
+            pypto.set_vec_tile_shapes(1, hd)
+            kn = pypto.reshape(kv_norm, [1, hd])
             pypto.set_vec_tile_shapes(min(rows, 8), hd)
             kv32 = pypto.cast(pypto.view(kva, [rows, hd], [start, 0], valid_shape=[valid, hd]),
                               fp32)
             kv_t = pypto.cast(rms_norm_rows(pypto, kv32, kn, rows, hd, eps), bf16)
             store_rope_head(pypto, kv_t, kv, start, 0, rows, valid, cos_t, sin_t, factors,
                             hd, rd)
-        # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded once
-        project_heads(pypto, qrq, wq_b, wq_b_scale, q, tokens, heads, hd, ql, rope_cos,
-                      rope_sin, factors, rd, rows, N_TILE, "QKV_HEADS", scale_up=scale_up,
-                      tile_rows=SUM_TILE_ROWS, clone_rows=True, gate=xq)
+            # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded in its iteration
+            project_heads_tile(pypto, qra, wq_b, wq_b_scale, q, start, rows, valid, heads, hd,
+                               ql, rope_cos, rope_sin, factors, rd, N_TILE, "QKV_HEADS",
+                               tile_rows=SUM_TILE_ROWS, scale_up=scale_up, clone_rows=True)
 
     return qkv_proj_rope

@@ -6,9 +6,8 @@ from v41 import mx_decode, mx_linear, rope_tail
 from v41.subgraph import one_subgraph
 
 MX_ROWS = 4  # tokens per MX activation tile, one task ([4, 5120] FP32 tiles compile)
-MX_TILES = 8  # such tiles per loop iteration, unrolled (fewer stitched loop iterations)
 GROUP_TILE = 160  # 32-element groups per vector tile of the MX steps (20 KB FP32)
-CLONE_ROWS = 64  # rows per vector tile of project_heads' activation copy (one edge each)
+CLONE_ROWS = 64  # rows per vector tile of a row tile's join copy and of its clones
 
 
 def mx_activation_rows(pypto, x32, rows, valid, k):
@@ -17,39 +16,6 @@ def mx_activation_rows(pypto, x32, rows, valid, k):
     10; FLASH TP4 qkv_proj_rope T=192 349 -> 320 us; ``[320, 32]`` tiles failed the
     simulation)."""
     return mx_linear.mx_activation_bf16(pypto, x32, rows, valid, k, group_tile_rows=GROUP_TILE)
-
-
-def mx_tiles(tokens: int) -> int:
-    """One-task row tiles per loop iteration for a launch of ``tokens`` (trace time): up to
-    :data:`MX_TILES`, no more than the launch's tokens need."""
-    return max(1, min(MX_TILES, -(-tokens // MX_ROWS)))
-
-
-def row_tile_tasks(pypto, tokens, tiles, name, body):
-    """Call ``body(start, valid)`` for ``MX_ROWS``-token tiles covering rows ``0 ..
-    tokens - 1``, each tile ONE task (:func:`v41.subgraph.one_subgraph`): a ``pypto.loop``
-    of ``tiles`` tiles per iteration, unrolled at trace time, so the tiles run side by side
-    on the vector cores while the loop stays short (the ctrl-flow AICPU stitches at most 128
-    loop iterations into one submission, v41.abi).  A tile's start is clamped to ``tokens -
-    MX_ROWS`` (0 when fewer), so every tile has at least one real row; the clamped tiles of
-    a launch's last iteration recompute and rewrite rows of their neighbours with the same
-    bytes.  Module-level: the jit parser refuses a ``with`` in the kernel body."""
-    span = MX_ROWS * tiles
-    for i in pypto.loop((tokens + span - 1) // span, name=name, idx_name="r"):
-        for u in range(tiles):  # unrolled at trace time
-            with one_subgraph(pypto):
-                start = (i * span + u * MX_ROWS).min((tokens - MX_ROWS).max(0))
-                valid = (tokens - start).min(MX_ROWS)
-                body(start, valid)
-
-
-def quantize_rows(pypto, x, xq, tokens, tiles, name):
-    """``xq[:tokens] = MX(x[:tokens])`` (BF16, exact; :func:`v41.mx_linear.mx_activation_bf16`)
-    for a BF16 DDR tensor ``x [*, k]`` in :func:`row_tile_tasks` tiles (rows at or past
-    ``tokens`` neither read nor written)."""
-    k = x.shape[1]
-    row_tile_tasks(pypto, tokens, tiles, name,
-                   lambda start, valid: _mx_piece(pypto, x, xq, start, valid, k))
 
 
 def _mx_piece(pypto, x, xq, row, valid, k):
@@ -67,22 +33,31 @@ def _mx_piece(pypto, x, xq, row, valid, k):
 def mx_row_tile(pypto, x, xq, start, rows, valid):
     """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
     ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``; returns
-    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products.
-    ``MX_ROWS``-token pieces (:func:`_mx_piece`) unrolled at trace time, each ONE task, then
-    ONE task in the same root function (the compiler's exact edges: it waits for every
-    piece) copies the rows (times 1.0, exact) into the returned tile, which a product in a
-    nested loop waits for through one edge (reading ``xq`` itself, whose rows are a dynamic
-    axis, a later root function gets an edge from one piece's writer only).  A piece's
-    start is clamped to ``valid - MX_ROWS`` (0 when fewer): pieces past the real rows
-    rewrite the last piece's rows with the same bytes."""
+    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products
+    (:func:`row_tile_pieces` of :func:`_mx_piece`)."""
     k = x.shape[1]
+    return row_tile_pieces(pypto, xq, start, rows, valid,
+                           lambda row, v: _mx_piece(pypto, x, xq, row, v, k))
+
+
+def row_tile_pieces(pypto, out, start, rows, valid, piece):
+    """Call ``piece(row, valid)`` for ``MX_ROWS``-token pieces covering rows ``start ..
+    start + valid - 1`` of one row tile, unrolled at trace time, each ONE task that writes
+    its rows of the BF16 DDR tensor ``out [*, k]``; then ONE task in the same root function
+    (the compiler's exact edges: it waits for every piece) copies the tile's rows of ``out``
+    (times 1.0, exact) into the returned ``[rows, k]`` tile, which a product in a nested
+    loop waits for through one edge (reading ``out`` itself, whose rows are a dynamic axis,
+    a later root function gets an edge from one piece's writer only).  A piece's start is
+    clamped to ``valid - MX_ROWS`` (0 when fewer): pieces past the real rows rewrite the
+    last piece's rows with the same bytes."""
+    k = out.shape[1]
     for u in range(rows // MX_ROWS):  # unrolled at trace time
         with one_subgraph(pypto):
             lo = (valid - MX_ROWS).max(0).min(u * MX_ROWS)
-            _mx_piece(pypto, x, xq, start + lo, (valid - lo).min(MX_ROWS), k)
+            piece(start + lo, (valid - lo).min(MX_ROWS))
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(k))
-        return pypto.mul(pypto.view(xq, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
+        return pypto.mul(pypto.view(out, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,
@@ -108,20 +83,6 @@ def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, f
                    [start, col + nope], out)
 
 
-def gated(pypto, values, gate):
-    """FP32 ``values [n]`` unchanged (times exactly 1.0), as a task that waits for the last
-    writer of the BF16 DDR tensor ``gate`` (finite values; its first 16 entries read): a
-    scheduling edge.  Weight decodes that take a gated table are not dispatched at launch
-    start, where they would take vector cores from the decodes the launch's critical path
-    waits on."""
-    n = values.shape[0]
-    pypto.set_vec_tile_shapes(1, 16)
-    g = pypto.cast(pypto.view(gate, [1, 16], [0, 0]), pypto.DT_FP32)
-    one = pypto.mul(pypto.sum(pypto.add(pypto.mul(g, 0.0), 1.0), -1, keepdim=True), 1.0 / 16)
-    pypto.set_vec_tile_shapes(1, n)
-    return pypto.reshape(pypto.mul(pypto.reshape(values, [1, n]), one), [n])
-
-
 def tile_product(pypto, a, start, rows, valid, w_tile, n, k, tile_rows):
     """FP32 ``[rows, n]``: :func:`v41.mx_linear.rows_times_tile` (the K partials added in
     K order, the same operations) with the adds on ``tile_rows``-row vector tiles instead
@@ -134,57 +95,14 @@ def tile_product(pypto, a, start, rows, valid, w_tile, n, k, tile_rows):
     return acc
 
 
-def project_heads(pypto, a, w, w_scale, out, active, heads, head_dim, k, rope_cos, rope_sin,
-                  factors, rope_dim, rows, n_tile, name, *, scale_up=False, tile_rows=None,
-                  clone_rows=False, gate=None):
-    """``out[:active, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head ``h`` of the
-    FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32 scales) over
-    the BF16 MX activations ``a [*, k]`` (a DDR tensor): weight-stationary, each
-    ``n_tile``-row tile of a head decoded once and applied to every row tile; the head's
-    last tile holds its whole rope tail (``rope_dim <= n_tile``).  ``tile_rows``: rows of
-    the vector tiles after the product (the K partial sums, the BF16 cast, the rope tail,
-    the stores); None keeps 16-row sums, 8-row casts and 16-row rope tiles.
-
-    Task graph (each successor edge costs the AICPU ~390 cycles of serial resolve when its
-    task ends): ``clone_rows`` first copies each head's rows of ``a`` (exact) and the
-    products read the copy, so ``a``'s last writer resolves one edge per head and copy tile
-    instead of one per product task and K chunk; ``gate``: the weight decodes wait for its
-    last writer (:func:`gated`)."""
-    width = mx_linear.tile_width(head_dim, n_tile)
-    if rope_dim > width:
-        raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
-                         f"must lie in a head's last tile)")
-    row_tiles = (active + rows - 1) // rows
-    table = mx_decode.e4m3_table(pypto)
-    if gate is not None:
-        table = gated(pypto, table, gate)
-    tiles = head_dim // width
-    for h in pypto.loop(heads, name=name, idx_name="h"):
-        # the head's tiles decoded once (unrolled at trace time; the last holds the tail)
-        wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
-                                             width, k, scale_up=scale_up, table=table)
-               for c in range(tiles)]
-        # one row loop per head (not per tile): fewer stitched loop iterations
-        for i in pypto.loop(row_tiles, name=name + "_ROWS", idx_name="r"):
-            start = i * rows
-            valid = (active - start).min(rows)
-            src, src_start = a, start
-            if clone_rows:  # times 1.0: exact (pypto.clone crashed the TINY tp4 interpreter)
-                pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
-                src = pypto.mul(pypto.view(a, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
-                src_start = 0
-            head_rows(pypto, src, src_start, wts, out, start, rows, valid, h, head_dim, k,
-                      rope_cos, rope_sin, factors, rope_dim, tile_rows)
-
-
-def head_rows(pypto, a, a_start, wts, out, start, rows, valid, h, head_dim, k, rope_cos,
-              rope_sin, factors, rope_dim, tile_rows):
+def head_rows(pypto, a, wts, out, start, rows, valid, h, head_dim, k, rope_cos, rope_sin,
+              factors, rope_dim, tile_rows):
     """``out[start : start + valid, h * head_dim ...] = [RoPE([a @ W_h^T])]`` from head
-    ``h``'s decoded tiles ``wts`` and rows ``a_start ..`` of the BF16 MX activations ``a``
-    (:func:`project_heads`' per-head body; the last tile holds the rope tail)."""
+    ``h``'s decoded tiles ``wts`` and the BF16 MX activation tile ``a [rows, k]``
+    (:func:`project_heads_tile`'s per-head body; the last tile holds the rope tail)."""
     width = head_dim // len(wts)
     for c, wt in enumerate(wts):
-        y = tile_product(pypto, a, a_start, rows, valid, wt, width, k, tile_rows or 16)
+        y = tile_product(pypto, a, 0, rows, valid, wt, width, k, tile_rows or 16)
         pypto.set_vec_tile_shapes(min(rows, tile_rows or 8), width)
         yb = pypto.cast(y, pypto.DT_BF16)
         col = h * head_dim + c * width
@@ -198,13 +116,22 @@ def head_rows(pypto, a, a_start, wts, out, start, rows, valid, h, head_dim, k, r
 
 
 def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, head_dim, k,
-                       rope_cos, rope_sin, factors, rope_dim, n_tile, name, *, tile_rows=None):
-    """:func:`project_heads` for ONE row tile ``a [rows, k]`` (first ``valid`` rows real; a
-    tile, e.g. :func:`mx_row_tile`'s, written before this loop in the caller's row
-    iteration): a ``pypto.loop`` over heads, each head's tiles decoded in its iteration and
+                       rope_cos, rope_sin, factors, rope_dim, n_tile, name, *, tile_rows=None,
+                       scale_up=False, clone_rows=False):
+    """``out[start : start + valid, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head
+    ``h`` of the FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32
+    scales; ``scale_up``: every block scale one binade too large, a wrong variant) over ONE
+    row tile ``a [rows, k]`` of BF16 MX activations (first ``valid`` rows real; a tile, e.g.
+    :func:`mx_row_tile`'s, written before this loop in the caller's row iteration): a
+    ``pypto.loop`` over heads, each head's ``n_tile``-row tiles decoded in its iteration and
     applied to the tile, so every product is in the same root function as its decode and
-    waits for ``a``'s one writer.  A launch of several row tiles decodes every head once per
-    row tile."""
+    waits for ``a``'s one writer; the head's last tile holds its whole rope tail
+    (``rope_dim <= n_tile``).  A launch of several row tiles decodes every head once per
+    row tile.  ``tile_rows``: rows of the vector tiles after the product (the K partial
+    sums, the BF16 cast, the rope tail, the stores); None keeps 16-row sums, 8-row casts
+    and 16-row rope tiles.  ``clone_rows``: each head first copies ``a`` (times 1.0, exact)
+    and its products read the copy, so ``a``'s writers resolve one successor edge per head
+    and copy tile instead of one per product task (each ~390 AICPU cycles, serial)."""
     width = mx_linear.tile_width(head_dim, n_tile)
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
@@ -212,7 +139,11 @@ def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, hea
     table = mx_decode.e4m3_table(pypto)
     for h in pypto.loop(heads, name=name, idx_name="h"):
         wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
-                                             width, k, table=table)
+                                             width, k, scale_up=scale_up, table=table)
                for c in range(head_dim // width)]
-        head_rows(pypto, a, 0, wts, out, start, rows, valid, h, head_dim, k, rope_cos,
-                  rope_sin, factors, rope_dim, tile_rows)
+        src = a
+        if clone_rows:
+            pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
+            src = pypto.mul(a, 1.0)
+        head_rows(pypto, src, wts, out, start, rows, valid, h, head_dim, k, rope_cos, rope_sin,
+                  factors, rope_dim, tile_rows)
