@@ -9,23 +9,29 @@ brackets mark a BF16 cast, as in the golden)::
     h_j = [silu(g_j) * u_j]                       FP32, silu = g / (1 + exp(-g))
     y   = [sum_j MX(h_j) @ W2[:, j]^T]            FP32 accumulation, one BF16 cast
 
-Schedule (weight-stationary: every weight element is decoded ONCE per launch, however many
-row tiles there are, and the traced loop bodies do not grow with ``inter`` or ``tokens``):
+Schedule: one ``SE_ROWS`` iteration per row tile, inside it
 
-1. ``SE_XQ``: ``MX(x)`` of every active row tile into the scratch output ``xq``;
+1. ``MX(x)`` of the row tile into the scratch output ``xq`` and, by one task in the same
+   root function, into a ``[rows, hidden]`` tile the products read
+   (:func:`v41.rope_heads.mx_row_tile`);
 2. ``SE_W13``: per ``I_TILE`` block ``j`` of the intermediate width, ``W1_j`` and ``W3_j``
-   (``I_TILE`` rows, all of ``hidden``) are decoded once, then an inner loop over the row
-   tiles writes ``MX(h_j)`` into the scratch output ``h_mx`` (``MX(h)`` quantizes groups
-   of 32 columns, so quantizing each ``h_j`` on its own equals quantizing the whole row);
-3. ``SE_W2``: per ``N_TILE`` rows of ``W2`` (all of ``inter``), decoded once, an inner
-   loop over the row tiles writes ``y``.
+   (``I_TILE`` rows, all of ``hidden``) decoded and applied to that tile, ``MX(h_j)``
+   written into the scratch output ``h_mx`` by ONE task (``MX(h)`` quantizes groups of 32
+   columns, so quantizing each ``h_j`` on its own equals quantizing the whole row);
+3. ``SE_W2``: per ``N_TILE`` rows of ``W2`` (all of ``inter``), decoded and applied to
+   the row tile's rows of ``h_mx``, ``y`` written.
 
-No expanded weight exists beyond one tile.  (The scratch tensors are outputs because an
-in-kernel ``pypto.tensor`` written by one loop and read by a sibling loop crashes the
-simulator, see :mod:`v41.routed_experts`.)  The golden's per-K-group FP32 partials differ
-from the cube's FP32 accumulation by reassociation only; its silu is FP64 with one
-rounding, the kernel's FP32 (last-bit differences before the BF16 cast; the TINY matrix
-cases matched bit for bit).
+Ordering (pypto 0.2.0 tracks the dynamic rows of ``xq`` / ``h_mx`` as one cell per
+column block, last writer only; :mod:`v41.order`): the products of step 2 wait for the
+tile copy of step 1, and each ``W2`` product for the one writer of every column block of
+``h_mx`` in this row tile.  Every weight element is decoded once per row tile (once per
+launch up to ``ROW_TILE`` tokens); no expanded weight exists beyond one tile.  (The
+scratch tensors are outputs because an in-kernel ``pypto.tensor`` written by one loop and
+read by a sibling loop crashes the simulator, see :mod:`v41.routed_experts`.)
+
+The golden's per-K-group FP32 partials differ from the cube's FP32 accumulation by
+reassociation only; its silu is FP64 with one rounding, the kernel's FP32 (last-bit
+differences before the BF16 cast; the TINY matrix cases matched bit for bit).
 
 Inactive rows (contract, reference-facts 4.14): the row loop covers only the tiles below
 ``num_tokens`` (the last tile's ``valid_shape`` stops at row ``num_tokens - 1``, so padding
@@ -57,24 +63,26 @@ h_mx          (tokens, inter)           bfloat16  out  (scratch: MX(h), active r
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
+import functools
+
 from v41 import mx_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
+from v41.rope_heads import mx_row_tile
 from v41.subgraph import one_subgraph
 
-ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per launch)
-I_TILE = 128  # intermediate columns per W1/W3 tile (and per W2 column part)
-N_TILE = 128  # W2 output rows decoded per tile
-# Vector tiles (FLASH T=192 554 -> 406 us, T=21 267 -> 239 us, T=4 257 -> 198 us; the
-# task count no longer grows with the row tile's 8-row vector tiles): MX groups of 32 per
-# tile of the activation quantizations (64 before; 512 is slower), rows per tile of the
-# row-shaped SwiGLU / output steps (8 before; 32 and 128 are slower), and rows per forced
-# MX(x) task (before: one row tile of up to 192 rows as a chain of small tasks that queued
-# behind the weight decodes, so the first product started at ~340 k cycles; 2 and 8 rows
-# are slower)
+ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per row tile)
+I_TILE = 128  # intermediate columns per W1/W3 tile (one h_mx column block, one writer task)
+# W2 output rows decoded per tile: each h_mx block writer resolves one edge per W2 product
+# of its K chunk, so fewer, wider W2 tiles shorten the wait before them (FLASH T=192 396.9
+# -> 341.8 us with 256 instead of 128 rows; 512 exceeds the L0C, I_TILE 256 fails the pass)
+N_TILE = 256
+# Vector tiles: MX groups of 32 per tile of the h quantization (64 before; 512 is slower),
+# rows per tile of the W2 output cast.  The h block is one [rows, I_TILE] tile in one task
+# (FLASH T=192 with the W1/W3 K sums in it: 464.9 -> 396.9 us; in 64-row tiles 457.0,
+# 32 / 64 column pieces 445.9 / 409.5 us)
 GROUP_TILE_ROWS = 256
 H_VEC_ROWS = 64
-XQ_ROWS = 4
 # W2 rows per tile when its E8M0 scale rows are at most NARROW_SCALE_BYTES wide (TINY: inter
 # 64 -> 2 bytes): a 128-row tile then fails the lowered ExpandFunction check (an operand
 # without a valid shape); 64 rows pass, as do 128 rows over wider scale rows (o_proj)
@@ -139,17 +147,32 @@ def weight_tile(pypto, w, w_scale, n0, n, k, table):
     return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n, k, table=table)
 
 
-def _activation_rows(pypto, x, xq, start, valid, hidden):
-    """``xq[start : start + valid] = MX(x)`` of those rows, one forced task
-    (:mod:`v41.subgraph`): as a chain of small tasks it queued behind the weight decodes,
-    and every product waits for it."""
+def _h_block(pypto, a, w1t, w3t, h_mx, start, col, rows, valid, width, k, limit, *, clamp,
+             silu_on_u, skip_quant):
+    """``h_mx[start : start + valid, col : col + width] = MX(h)``, ``h = [swiglu([a @ W1^T],
+    [a @ W3^T])]`` (module doc) of the BF16 row tile ``a [rows, k]`` and the decoded tiles
+    ``w1t``, ``w3t [width, k]``: the cube's K partials (:func:`v41.mx_linear.k_partials`),
+    then ONE forced task (:mod:`v41.subgraph`, one ``[rows, width]`` vector tile) that adds
+    them in K order (as :func:`v41.mx_linear.rows_times_tile`), applies SwiGLU and MX and
+    writes the block: the W2 products of the row tile read these rows in later root
+    functions, where pypto 0.2.0 keeps the last writer per column cell only, so a block
+    written in row pieces (several tasks) would leave all but one piece unordered."""
+    bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
+    gp = list(mx_linear.k_partials(pypto, a, 0, rows, valid, w1t, width, k))
+    up = list(mx_linear.k_partials(pypto, a, 0, rows, valid, w3t, width, k))
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(XQ_ROWS, mx_linear.cols(hidden))
-        x32 = pypto.cast(pypto.view(x, [XQ_ROWS, hidden], [start, 0],
-                                    valid_shape=[valid, hidden]), pypto.DT_FP32)
-        xr = mx_linear.mx_activation_bf16(pypto, x32, XQ_ROWS, valid, hidden,
-                                          group_tile_rows=GROUP_TILE_ROWS, vec_rows=XQ_ROWS)
-        mx_linear.assemble_rows(pypto, xr, xq, start, 0, XQ_ROWS, valid, hidden)
+        pypto.set_vec_tile_shapes(rows, width)
+        g, u = (functools.reduce(pypto.add, ps) for ps in (gp, up))  # in K order
+        g32 = pypto.cast(pypto.cast(g, bf16), fp32)
+        u32 = pypto.cast(pypto.cast(u, bf16), fp32)
+        h = swiglu_tile(pypto, g32, u32, limit, clamp=clamp, silu_on_u=silu_on_u)
+        h32 = pypto.cast(pypto.cast(h, bf16), fp32)
+        hq = mx_linear.mx_activation_bf16(pypto, h32, rows, valid, width, skip_quant=skip_quant,
+                                          group_tile_rows=GROUP_TILE_ROWS, vec_rows=rows)
+        # times 1.0 (exact): the write stays in this task (else a copy task of its own, one
+        # more hop before the W2 products: FLASH T=192 562 instead of 580 tasks, TINY T=21
+        # 39.4 -> 36.2 us)
+        pypto.assemble(pypto.mul(hq, 1.0), [start, col], h_mx)
 
 
 def build(config, case: dict | None = None, *, variant: str = "reference",
@@ -179,7 +202,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     zero_padding = variant not in ("compute_padding", "skip_padding")
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
-    bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
+    bf16 = pypto.DT_BF16
 
     @pypto.frontend.jit(runtime_options=options)
     def shared_expert(
@@ -192,7 +215,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         w2: pypto.Tensor([hidden, inter], pypto.DT_UINT8),
         w2_scale: pypto.Tensor([hidden // 32, inter // 32], pypto.DT_UINT8),
         y: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
-        xq: pypto.Tensor([d["tokens"], hidden], pypto.DT_BF16),  # static rows: order_audit
+        xq: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
         h_mx: pypto.Tensor([tokens_dim, inter], pypto.DT_BF16),
     ):
         tokens = x.shape[0]
@@ -200,36 +223,21 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = tokens
         else:
             active = num_tokens[0]
-        row_tiles = (active + rows - 1) // rows
         pypto.set_cube_tile_shapes(*cube)
         table = mx_decode.e4m3_table(pypto)
-        for r in pypto.loop((active + XQ_ROWS - 1) // XQ_ROWS, name="SE_XQ", idx_name="r"):
-            _activation_rows(pypto, x, xq, r * XQ_ROWS, (active - r * XQ_ROWS).min(XQ_ROWS),
-                             hidden)
-        for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
-            w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
-            w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
-            for r in pypto.loop(row_tiles, name="SE_H_ROWS", idx_name="r"):
-                start = r * rows
-                valid = (active - start).min(rows)
-                g = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w1t, i_tile, hidden)
-                u = mx_linear.rows_times_tile(pypto, xq, start, rows, valid, w3t, i_tile, hidden)
-                pypto.set_vec_tile_shapes(min(rows, H_VEC_ROWS), i_tile)
-                g32 = pypto.cast(pypto.cast(g, bf16), fp32)
-                u32 = pypto.cast(pypto.cast(u, bf16), fp32)
-                h = swiglu_tile(pypto, g32, u32, limit, clamp=clamp, silu_on_u=silu_on_u)
-                h32 = pypto.cast(pypto.cast(h, bf16), fp32)
-                hq = mx_linear.mx_activation_bf16(pypto, h32, rows, valid, i_tile,
-                                                  skip_quant=skip_h_quant,
-                                                  group_tile_rows=GROUP_TILE_ROWS,
-                                                  vec_rows=H_VEC_ROWS)
-                pypto.assemble(hq, [start, j * i_tile], h_mx)
-        for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
-            w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter, table)
-            for r in pypto.loop(row_tiles, name="SE_Y_ROWS", idx_name="r"):
-                start = r * rows
-                valid = (active - start).min(rows)
-                yt = mx_linear.rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile, inter)
+        for r in pypto.loop((active + rows - 1) // rows, name="SE_ROWS", idx_name="r"):
+            start = r * rows
+            valid = (active - start).min(rows)
+            xa = mx_row_tile(pypto, x, xq, start, rows, valid)  # MX(x), one writer task
+            for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
+                w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
+                w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
+                _h_block(pypto, xa, w1t, w3t, h_mx, start, j * i_tile, rows, valid, i_tile,
+                         hidden, limit, clamp=clamp, silu_on_u=silu_on_u, skip_quant=skip_h_quant)
+            for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
+                w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter, table)
+                yt = mx_linear.rows_times_tile(pypto, h_mx, start, rows, valid, w2t, n_tile,
+                                               inter)
                 pypto.set_vec_tile_shapes(min(rows, H_VEC_ROWS), n_tile)
                 yb = pypto.view(pypto.cast(yt, bf16), [rows, n_tile], [0, 0],
                                 valid_shape=[valid, n_tile])
