@@ -8,9 +8,9 @@ an empty piece of a last partial tile, or a clamped tile that rewrites its neigh
 bytes, counts as a writer no reader waits for), through ``python -m harness.bench
 --order-audit`` (each case's ``dyn_topo.txt`` and ``program.json`` kept, audited, deleted).
 
-The default run covers the kernels whose hand-over tensors were given static rows for this
-(at T=384); the ``slow`` run covers the other building blocks at T=64 and T=384, and the
-kernels still open at T=384 as strict expected failures."""
+The default run covers the kernels that hand rows from one loop or piece to another, at
+T=384 (two row tiles of the 192-row kernels); the ``slow`` run covers every building block
+at T=64 and T=384."""
 
 from __future__ import annotations
 
@@ -20,14 +20,8 @@ import pytest
 
 from harness import bench
 
-REORDERED = ["compressor_ratio2", "compressor_state", "index_query", "o_proj",
-             "routed_experts"]
-OPEN = {  # entry: why its audit still fails (a strict xfail: a fix makes the test fail)
-    "qkv_proj_rope": "the wq_a / wkv product loops hand qa and kva on with dynamic rows "
-                     "(static rows crash pypto's cost model: 'tileOps.size=0')",
-    "shared_expert": "the w1/w3 loop hands h_mx on with dynamic rows (static rows crash "
-                     "pypto's cost model: 'tileOps.size=0')",
-}
+REORDERED = ["compressor_ratio2", "compressor_state", "index_query", "o_proj", "qkv_proj_rope",
+             "routed_experts", "shared_expert"]
 OTHERS = ["compressor_ratio1", "gate", "hc_head", "hc_mixes", "hc_post", "hc_pre",
           "hierarchical_sparse_indexer", "input_pack", "lm_head", "paged_indexer", "rmsnorm",
           "rope_rows", "sparse_attention", "window_publish"]
@@ -55,9 +49,3 @@ def test_reordered_kernels_order_every_iteration(entry, capsys):
 def test_every_kernel_orders_every_iteration(entry, tokens, capsys):
     _audit(entry, tokens, capsys)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=why))
-                                   for e, why in OPEN.items()])
-def test_open_kernels_still_fail_the_audit(entry, capsys):
-    _audit(entry, 384, capsys)
