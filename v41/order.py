@@ -12,10 +12,15 @@ The kernels restore the order in one of four ways:
 
 * the reader in the writer's root function (``routed_experts``' MX(x) in its row tile);
 * one join task in the writer's iteration that reads every piece (the compiler's exact
-  edges) and hands the readers a copy (``rope_heads.mx_row_tile``, ``index_query``);
+  edges) and hands the readers a copy (``rope_heads.row_tile_pieces`` / ``mx_row_tile``:
+  ``index_query``, ``qkv_proj_rope``, ``shared_expert``), and in a nested loop of that
+  iteration one writer task per column block, which a later nested loop of the same
+  iteration reads (``qkv_proj_rope``'s ``qa`` / ``kva``, ``shared_expert``'s ``h_mx``);
 * static rows for the hand-over tensor (the case's tokens: a build is per case), tracked
-  per written tile (``o_proj``'s ``lat_mx``, ``qkv_proj_rope``'s ``xq``/``qrq``), with
-  pieces that split columns rather than rows inside one iteration (``o_proj``);
+  per written tile (``o_proj``'s ``lat_mx``, with pieces that split columns rather than
+  rows inside one iteration).  Not a general fix: ``shared_expert``'s static ``xq`` was
+  tracked per tile at TINY but not at FLASH T=192 (and that launch's cost model failed),
+  so a kernel using it is audited at FLASH too (``harness.bench --order-audit``);
 * where the reader is a vector task: :func:`mark` in every iteration (one small task
   reading a row the iteration wrote, writing row ``i`` of the static :func:`marks`
   tensor, whose rows are tracked one cell each), then :func:`gated`, a value times
