@@ -245,8 +245,9 @@ def strand_dir(root: Path) -> dict[str, list[Stranded]]:
 
 def verdict(root: Path) -> str:
     """``ordered`` when every launch kept under ``root`` has neither a loop finding nor a
-    stranded writer; ``unordered: <launch>: <first finding>`` (and how many launches are
-    flagged) otherwise; ``no task graph`` when no ``dyn_topo.txt`` was kept."""
+    stranded writer; otherwise ``unordered (<flagged> of <launches> launches): <first
+    flagged launch>: <its first finding>``; ``no task graph`` when no ``dyn_topo.txt`` was
+    kept."""
     strands = strand_dir(root)
     flagged = []
     launches = audit_dir(root)
