@@ -86,34 +86,6 @@ def rope_tail(pypto, x, cos_f, sin_f, partner, rows, valid, width, rd):
     return pypto.view(out, [rows, width], [0, 0], valid_shape=[valid, width])
 
 
-def encode_tile(pypto, latent, positions, *, freqs_cos, freqs_sin, index_wk, index_norm32,
-                rows, valid, dims, eps, variant=frozenset()):
-    """``(kv packed, kv scales, key packed, key scales)`` uint8 tiles of ``rows`` latents.
-
-    ``latent`` BF16 ``[rows, d]`` (unrotated); ``positions`` INT32 ``[rows]`` compressed
-    positions.  ``variant`` holds wrong-kernel switches: ``"index_from_rotated"``,
-    ``"fp4_toward_zero"``.  The caller writes the rows (a runtime ``if`` must sit in the
-    jit body itself).
-    """
-    d, di, rd = dims["head_dim"], dims["index_dim"], dims["rope_dim"]
-    toward_zero = "fp4_toward_zero" in variant
-    cos_f, sin_f = rope_factors(pypto, freqs_cos, freqs_sin, positions, rows, valid, rd)
-    partner = partner_index(pypto, rd)
-    rot_kv = rope_tail(pypto, latent, cos_f, sin_f, partner, rows, valid, d, rd)
-    src = rot_kv if "index_from_rotated" in variant else latent
-    pypto.set_vec_tile_shapes(min(rows, 8), min(d, 512))
-    k32 = pypto.matmul(src, index_wk, pypto.DT_FP32)  # [rows, di]
-    pypto.set_vec_tile_shapes(min(rows, 8), di)
-    k32 = pypto.cast(pypto.cast(k32, pypto.DT_BF16), pypto.DT_FP32)
-    key = rms_norm_rows(pypto, k32, index_norm32, rows, valid, di, eps)
-    rot_key = rope_tail(pypto, key, cos_f, sin_f, partner, rows, valid, di, rd)
-    kv_p, kv_s = mx_fp4.quantize_tile(pypto, rot_kv, rows, valid, d, dims["kv_group"], "e4m3",
-                                      toward_zero=toward_zero)
-    ik_p, ik_s = mx_fp4.quantize_tile(pypto, rot_key, rows, valid, di, dims["ik_group"], "e8m0",
-                                      toward_zero=toward_zero)
-    return kv_p, kv_s, ik_p, ik_s
-
-
 def _rope_full32(pypto, x, freqs_cos, freqs_sin, positions, rows, valid, width, rd):
     """FP32 ``[rows, width]``: BF16 ``x`` with its last ``rd`` channels rotated and rounded to
     BF16 -- :func:`v41.compressor_common.rope_tail`'s values, computed over the whole width

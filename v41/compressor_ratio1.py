@@ -4,7 +4,7 @@
 Per valid token ``t < num_tokens``: ``latent = RMSNorm(bf16(x @ wkv), norm)`` [BF16] (cube
 matmul, FP32 accumulation; FP32 row statistic), then, when ``position_ids[t] >= 0`` and
 ``compressed_slots[t] >= 0``, publication at compressed position ``p`` (ratio 1: the
-token's own position) with the arithmetic of :func:`v41.compressor_common.encode_tile`:
+token's own position) with :func:`v41.compressor_common.publish_latent`'s arithmetic:
 MXFP4 g16 / E4M3 compressed KV of ``RoPE(latent)``, MXFP4 g32 / E8M0 index key of
 ``RoPE(RMSNorm(bf16(latent @ index_wk), index_norm))``, written at physical row
 ``slot = block * block_size + offset`` of the four caches.  Rows ``t >= num_tokens`` are
