@@ -56,14 +56,14 @@ subgraph are about 10 tasks a token: 448 us, the outputs equal to the golden's a
 reassociation only).
 
 Past one wave of the vector cores (:data:`WAVE` = 56 tokens) the token loop takes two
-tokens an iteration (:data:`PAIR`): the pair's same-structure subgraphs merge into one task
-each (``vec_nbuffer_setting`` for the vector stages, ``cube_nbuffer_setting`` for the
-products), 11 -> 5.5 tasks and 21 -> 13 edges a token.  The AICPU leaves a core idle 5-9 k
-cycles between two of its tasks, and with 11 tasks a token the pipes were 39 % (vector) and
-41 % (cube) busy: FLASH TP4 T=192 389.5 -> 290.7 us (2,117 -> 1,061 tasks, both pipes 48 %
-busy), T=200 472.4 -> 373.6 us.  Below the wave nothing changes (T=4 80.2 us, TINY 41.1
-us): pairs there halve the tasks the cores share (T=4 112.7 us, TINY 48.8 us).  The
-arithmetic of each token is unchanged (outputs bit for bit the same).
+tokens an iteration (past two waves three): the pair's same-structure subgraphs merge into
+one task each (``vec_nbuffer_setting`` for the vector stages, ``cube_nbuffer_setting`` for
+the products), 11 -> 5.5 tasks and 21 -> 13 edges a token.  The AICPU leaves a core idle
+5-9 k cycles between two of its tasks, and with 11 tasks a token the pipes were 39 %
+(vector) and 41 % (cube) busy: FLASH TP4 T=192 389.5 -> 290.7 us (2,117 -> 1,061 tasks,
+both pipes 48 % busy), T=200 472.4 -> 373.6 us.  Below the wave nothing changes (T=4 80.2
+us, TINY 41.1 us): pairs there halve the tasks the cores share (T=4 112.7 us, TINY 48.8
+us).  The arithmetic of each token is unchanged (outputs bit for bit the same).
 
 The decode in the group layout (``[1024, 16]`` tiles, one scale a tile row) spent its time
 on copies to global memory: the scale values reshaped from 1-D to ``[n, 1]`` on chip
@@ -90,6 +90,16 @@ in the decode: the INT16 table index and the packed bytes still go through globa
 for their gathers (a ``[384, 2]`` table of both nibbles, one row gather a byte, pads its
 ``[n, 2]`` result to ``[n, 8]`` in UB and goes through global memory for the reshape to
 ``[keys, d]``: 85 k -> 221 k cycles).
+
+The logits' tiles then followed the whole ``[512, d]`` part (``k1`` 256): each ``[256, d]``
+block went to L1 in two copies, and the cube's copy-in charges 1,400 cycles a copy; with the
+block's own tiles (``k1`` = d) the pair's logits took 30.2 k -> 22.7 k cycles (FLASH TP4
+T=192 279.5 -> 265.9 us, T=48 118.6 -> 116.7 us).  The decode's table index is INT16
+arithmetic on the gathered bytes (no FP32 tile), so past one wave its tiles take 64 keys
+and the index goes to global memory in half the copies; with three tokens an iteration
+past two waves, T=192 255.7 us (the cube then ~85 % busy from the middle of the launch on,
+its ready queue 20-70 tasks deep: the AICPU's dispatch bounds it).  Outputs bit for bit the
+same.
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
 a row's peak is ~16x its RMS, so one BF16 ulp of the output (a rounding flip caused by the
@@ -241,16 +251,20 @@ def abi(config, case: dict):
 # Merge up to 16 same-structure vector subgraphs of an iteration into one task: a part's
 # whole-key decode tiles are independent, and the partitioner otherwise makes each its own
 # task (FLASH TP4 T=192 1,675 us with 16 + 4 decode tasks a token; merging 8: 583 us, 32:
-# 424 us, 16: 390 us).  Up to 4 cube ones: a pair's logits in two key blocks a token
-# (:func:`_pv_key_tile`; 2: 287.3 us, 4: 279.5 us).
-PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}, "cube_nbuffer_setting": {-1: 4}}
-# Past WAVE tokens (one wave of the 56 vector cores), the loop takes PAIR tokens an
+# 424 us, 16: 390 us).  Up to 6 cube ones: a group's logits in two key blocks a token
+# (:func:`_pv_key_tile`; pairs: 2 287.3 us, 4 279.5 us; groups of 3 tokens: 6).
+PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 16}, "cube_nbuffer_setting": {-1: 6}}
+# Past WAVE tokens (one wave of the 56 vector cores), the loop takes two tokens an
 # iteration: the two tokens' same-structure subgraphs merge into one task each (vector by
 # the setting above, cube by ``cube_nbuffer_setting``), which halves the tasks and the
 # AICPU's per-task gaps.  FLASH TP4 T=192 389.5 -> 334.5 us with the vector merge alone,
 # 290.7 us with the cube one; three tokens 289.0 us, four 306.2 us (and 7 s to compile);
-# pairs from the first token cost T=4 80.2 -> 112.7 us and TINY 41.1 -> 48.8 us.
-PAIR = 2
+# pairs from the first token cost T=4 80.2 -> 112.7 us and TINY 41.1 -> 48.8 us.  With the
+# wide index tiles of :func:`_fp4_keys` (decode 61.7 k -> 54.4 k cycles a pair), three
+# tokens an iteration past two waves (4 cube and 7 vector tasks per 3 tokens; on a core
+# with a full ready queue the cube's tasks start 5.6 k cycles apart): T=192 263.8 -> 255.7
+# us (four tokens: 262.1 us).  Triples from one wave on cost T=96 166.0 -> 190.4 us: the
+# iterations all fit one wave there, and the longest sets the time.
 WAVE = 56
 SCALE_TILE = 8192  # 1-D tile of the scale values' steps (16,384: 396 us, 4,096: 414 us)
 # Parts of at least this many keys compute their row ids with their scale slots (one task
@@ -287,15 +301,16 @@ def _softmax_pv(pypto, qt, parts, sink, h, d, o):
     logits = []
     for kb, _ in parts:  # unrolled at trace time
         n = kb.shape[0]
-        mt, kt, nt = cube_tiles(h, d, n, 2)
         r = _pv_key_tile(h, n, d)
         if r < n and n % r == 0:  # in the P.V product's row blocks
-            pypto.set_cube_tile_shapes(mt, kt, [r, r])
+            # tiles of the [r, d] block (k1 = d): one copy-in of each block, not two
+            # (COPY_IN charges 1,400 cycles each; FLASH TP4 T=192 279.5 -> 265.9 us)
+            pypto.set_cube_tile_shapes(*cube_tiles(h, d, r, 2))
             logits.append(pypto.concat([
                 pypto.matmul(qt, pypto.view(kb, [r, d], [i * r, 0]), pypto.DT_FP32,
                              b_trans=True) for i in range(n // r)], 1))  # [h, n]
         else:
-            pypto.set_cube_tile_shapes(mt, kt, nt)
+            pypto.set_cube_tile_shapes(*cube_tiles(h, d, n, 2))
             logits.append(pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True))  # [h, n]
     hv = min(h, SUM_ROWS)
     with one_subgraph(pypto):
@@ -428,25 +443,31 @@ def _window_keys(pypto, ids, payload, scales, table, key_of, sidx, keys, d, grou
 
 
 def _fp4_keys(pypto, ids, payload, scales, table, key_of, sidx, nibbles, keys, d, group, *,
-              scale_e8m0=False, fp32_rows=False):
+              scale_e8m0=False, fp32_rows=False, wide=False):
     """BF16 ``[keys, d]``: the MXFP4 rows named by INT32 ``ids [1, keys]``, as
     :func:`v41.kv_decode.fp4_keys` computes them, in ``[rows, d]`` tiles of whole keys:
-    ``payload`` uint8 ``[cache rows, d/2]`` packed E2M1 pairs, ``nibbles`` the
-    :func:`v41.kv_decode.nibble_constants` of ``d`` columns."""
+    ``payload`` uint8 ``[cache rows, d/2]`` packed E2M1 pairs, ``nibbles`` the byte column
+    and the INT16 table offset of :func:`v41.kv_decode.nibble_constants` for ``d``
+    columns.  The table index ``byte + offset`` (below 768) is INT16 arithmetic: no FP32
+    tile on the way, so with ``wide`` its tiles take twice the rows (the index goes through
+    global memory for the gather, and the cost model charges each copy-out 300 cycles
+    plus its bytes: a pair's decode 61.7 k -> 54.4 k cycles).  One token's tiles stay
+    narrow (FLASH TP4 T=48 116.9 us; wide 120.3 us)."""
     g = d // group
     byte_of, offset = nibbles
     safe, sv = _scale_values(pypto, ids, keys, g, key_of, scales, fp32_rows, not scale_e8m0)
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(_key_rows(keys, d), d)
+        pypto.set_vec_tile_shapes(min(keys, (1 + wide) * _key_rows(keys, d)), d)
         packed = pypto.index_select(payload, 0, safe)  # [keys, d/2]
-        b = pypto.cast(pypto.index_select(packed, 1, byte_of), pypto.DT_FP32)  # [keys, d]
-        idx = pypto.cast(pypto.add(b, pypto.expand_clone(offset, [keys, d])), _index_dtype(pypto))
+        b = pypto.cast(pypto.index_select(packed, 1, byte_of), _index_dtype(pypto))  # [keys, d]
+        idx = pypto.add(b, pypto.expand_clone(offset, [keys, d]))
         return _lookup(pypto, table, idx, keys, d, sv, sidx)
 
 
-def _token(pypto, t, q, sink, win, comp, out, o):
+def _token(pypto, t, q, sink, win, comp, out, o, wide=False):
     """Token ``t``'s attention over its window keys then its compressed keys (``comp``
-    None: window only) as one softmax, written to ``out[t]`` with one BF16 cast."""
+    None: window only) as one softmax, written to ``out[t]`` with one BF16 cast (``wide``:
+    the wide index tiles of :func:`_fp4_keys`)."""
     h, d = o["h"], o["d"]
     qt = pypto.view(q, [h, d], [t * h, 0])  # q: a [tokens * h, d] GM view
     indices, payload, scales, key_of, rows_c, piece, keys = win
@@ -462,7 +483,7 @@ def _token(pypto, t, q, sink, win, comp, out, o):
             parts.append((_fp4_keys(
                 pypto, ids, cpayload, cscales, o["nib"], ckey_of, crows_c, nibbles,
                 cpiece, d, o["cgroup"], scale_e8m0=o["scale_e8m0"],
-                fp32_rows=o["fp32_rows"]), ids))
+                fp32_rows=o["fp32_rows"], wide=wide), ids))
     prods, mx, l_run = _softmax_pv(pypto, qt, parts, sink, h, d, o)
     _output(pypto, t, prods, mx, l_run, sink, out, h, d, o)
 
@@ -515,7 +536,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         q2 = pypto.reshape(q, [tokens * h, d], inplace=True)
         key_of = kv_decode.slot_constants(pypto, tile, g)
         ckey_of = kv_decode.slot_constants(pypto, ctile, cg)
-        nibbles = kv_decode.nibble_constants(pypto, d)
+        byte_of, offset = kv_decode.nibble_constants(pypto, d)
+        pypto.set_vec_tile_shapes(1, d)
+        nibbles = (byte_of, pypto.cast(offset, _index_dtype(pypto)))  # 128 / 512: exact
         opts = dict(h=h, d=d, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
                     scale_e8m0=scale_e8m0, e4m3=mx_decode.e4m3_table(pypto),
@@ -525,14 +548,19 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         win = (indices, payload, scales, key_of, rows_c, tile, keys)
         comp = (compressed_indices, cpayload, cscales, ckey_of, crows_c, nibbles, ctile, ckeys)
         comp = comp if use_compressed else None
-        # k iterations of PAIR tokens, then one token an iteration: single tokens while they
-        # fit one wave of the vector cores, pairs only past that
-        k = ((tokens - WAVE).max(0) + PAIR - 2) // (PAIR - 1)
-        k = k.min(tokens // PAIR)
-        for g in pypto.loop(k, name="SA_PAIRS", idx_name="g"):
-            for r in range(PAIR):  # unrolled at trace time
-                _token(pypto, g * PAIR + r, q2, sink, win, comp, out, opts)
-        for t in pypto.loop(tokens - k * PAIR, name="SA_TOKENS", idx_name="t"):
-            _token(pypto, k * PAIR + t, q2, sink, win, comp, out, opts)
+        # k3 iterations of 3 tokens, k2 of 2, then one token an iteration: as few tokens an
+        # iteration as keep the iterations within one wave of the vector cores (pairs past
+        # one wave, triples past two; all triples from 3 waves)
+        k3 = (tokens - 2 * WAVE).max(0).min(tokens // 3)
+        rest = tokens - 3 * k3
+        k2 = (rest - WAVE + k3).max(0).min(rest // 2)
+        for g in pypto.loop(k3, name="SA_TRIPLES", idx_name="g"):
+            for r in range(3):  # unrolled at trace time
+                _token(pypto, g * 3 + r, q2, sink, win, comp, out, opts, wide=True)
+        for g in pypto.loop(k2, name="SA_PAIRS", idx_name="g2"):
+            for r in range(2):  # unrolled at trace time
+                _token(pypto, 3 * k3 + g * 2 + r, q2, sink, win, comp, out, opts, wide=True)
+        for t in pypto.loop(rest - 2 * k2, name="SA_TOKENS", idx_name="t"):
+            _token(pypto, 3 * k3 + 2 * k2 + t, q2, sink, win, comp, out, opts)
 
     return sparse_attention
