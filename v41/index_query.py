@@ -6,12 +6,12 @@ Per active token (brackets mark a BF16 cast, as in the golden):
 * ``q_h = [RoPE_tail([MX(qr) @ wq_b_h^T])]`` for each of the ``H = index.n_heads`` heads,
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
   MXFP8 (activation rule) into the scratch output ``qrq`` one row tile of up to
-  ``ROW_TILE`` tokens at a time (the launch's tokens rounded up to 16;
-  :func:`v41.rope_heads.mx_row_tile`), then, in the same row iteration, every head's FP8
-  weight tiles are decoded in-kernel (once per row tile: once per launch up to
-  ``ROW_TILE`` tokens) and applied to it (cube tiles from :mod:`v41.cube_tiles`;
-  :func:`v41.rope_heads.project_heads_tile`); the last ``rope_dim`` channels of each head are
-  rotated with the token's prepared rope row;
+  ``ROW_TILE`` tokens at a time (the launch's tokens rounded up to 16), by a nested loop
+  over column blocks and one join copy (:func:`v41.rope_heads.mx_row_tile`), then, in the
+  same row iteration, every head's FP8 weight tiles are decoded in-kernel (once per row
+  tile: once per launch up to ``ROW_TILE`` tokens) and applied to it (cube tiles from
+  :mod:`v41.cube_tiles`; :func:`v41.rope_heads.project_heads_tile`); the last ``rope_dim``
+  channels of each head are rotated with the token's prepared rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
   accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
   and rounds to FP32 first: the two differ by FP32 reassociation before the BF16 cast.)
@@ -19,7 +19,7 @@ Per active token (brackets mark a BF16 cast, as in the golden):
 Active rows.  ``num_tokens`` (INT32 ``[1]``, read in-kernel) counts the active rows; the
 projection loop covers only the row tiles below it (the last tile's ``valid_shape`` stops at
 row ``num_tokens - 1``, so no padding row of ``qr``, ``x`` or the rope rows is read) and a
-second loop writes zeros to rows ``num_tokens .. tokens - 1`` of ``q`` and ``weights``.  The
+loop before it writes zeros to rows ``num_tokens .. tokens - 1`` of ``q`` and ``weights``.  The
 caller validates ``num_tokens`` to ``[0, tokens]`` before launch
 (``harness.entries.index_query.validate_launch``).
 
@@ -34,7 +34,13 @@ decoded once per launch.  ``MX(qr)`` in 4-token tiles that are one task each
 and one row loop per head: T=192 (190 active) 194.5 -> 165.6 us.  That schedule's head
 products waited for one ``MX(qr)`` writer task only (pypto 0.2.0 tracks the dynamic rows
 of ``qrq`` as one cell): ordered after every piece of their row tile (one join task,
-:func:`v41.rope_heads.mx_row_tile`), FLASH T=192 101.1 -> 211.6 us, T=48 ~94 -> 110.7 us.
+:func:`v41.rope_heads.mx_row_tile`), FLASH T=192 101.1 -> 211.6 us, T=48 ~94 -> 110.7 us;
+``MX(qr)`` by a column-block loop instead of 4-token pieces unrolled at trace time: T=4 /
+48 / 192 105.3 / 110.7 / 211.6 -> 84.4 / 85.9 / 136.5 us, compile CPU at T=192 3.9 -> 0.9 s.
+With the zero-padding loop after the row loop, the launches with padding rows idled: T=192
+(190 active) 221.0 us (170 k cycles with no core busy before the head products); with it
+first, 144.0 us (134.8 with the 4-token pieces).  Launches of several row tiles are slower
+than with the pieces: T=512 (500 active) 303.5 -> 403.7 us, T=512 312.9 -> 420.6 us.
 
 ABI
 ---
@@ -66,7 +72,7 @@ import struct
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import mx_row_tile, project_heads_tile
+from v41.rope_heads import column_block, mx_row_tile, project_heads_tile
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -84,6 +90,11 @@ PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {
 
 ROW_TILE = 192  # most tokens per row tile (wq_b is decoded once per launch)
 N_TILE = 128  # weight output rows decoded per tile
+# MX(qr) column blocks (rope_heads.column_block): ~MX_ELEMS elements, >= MX_COLS channels
+# (FLASH T=4 / 48 / 192: 84.4 / 85.9 / 136.5 us; 128 / 4096: 103.9 / 83.2 / 137.7;
+# 32 / 1024: 85.0 / 100.2 / 128.7)
+MX_ELEMS = 16 * 128
+MX_COLS = 64
 # Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores): FLASH
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
 # (32: 127.7 us, 96: 136.3 us); the K partial sums follow (rope_heads.tile_product).
@@ -155,6 +166,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     compute_padding = variant == "compute_padding"
     zero_padding = variant not in ("skip_padding", "compute_padding")
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    mx_cols = column_block(ql, rows, MX_ELEMS, MX_COLS)
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -181,6 +193,18 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             active = num_tokens[0]
         pypto.set_cube_tile_shapes(*cube)
         factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+        if zero_padding:  # rows active .. tokens - 1: zeros
+            for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
+                                idx_name="p"):
+                start = active + p * rows
+                valid = (tokens - start).min(rows)
+                pypto.set_vec_tile_shapes(rows, h_tile)
+                pypto.assemble(pypto.full([rows, heads], 0.0, bf16, valid_shape=[valid, heads]),
+                               [start, 0], weights)
+                pypto.set_vec_tile_shapes(min(rows, 8), min(qw, 1024))
+                pypto.assemble(pypto.full([rows, qw], 0.0, bf16, valid_shape=[valid, qw]),
+                               [start, 0], q)
+
         for i in pypto.loop((active + rows - 1) // rows, name="IQ_ROWS", idx_name="r"):
             start = i * rows
             valid = (active - start).min(rows)
@@ -194,20 +218,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                            [start, 0], weights)
             # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
             # wq_b_h^T])] for each head
-            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid)
+            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, "IQ_QRQ")
             project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
                                rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
                                tile_rows=HEAD_TILE_ROWS)
-        if zero_padding:  # rows active .. tokens - 1: zeros
-            for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
-                                idx_name="p"):
-                start = active + p * rows
-                valid = (tokens - start).min(rows)
-                pypto.set_vec_tile_shapes(rows, h_tile)
-                pypto.assemble(pypto.full([rows, heads], 0.0, bf16, valid_shape=[valid, heads]),
-                               [start, 0], weights)
-                pypto.set_vec_tile_shapes(min(rows, 8), min(qw, 1024))
-                pypto.assemble(pypto.full([rows, qw], 0.0, bf16, valid_shape=[valid, qw]),
-                               [start, 0], q)
 
     return index_query

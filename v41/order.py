@@ -11,11 +11,14 @@ it the last piece's (``harness.order_audit`` finds both in kept task graphs).
 The kernels restore the order in one of four ways:
 
 * the reader in the writer's root function (``routed_experts``' MX(x) in its row tile);
-* one join task in the writer's iteration that reads every piece (the compiler's exact
-  edges) and hands the readers a copy (``rope_heads.row_tile_pieces`` / ``mx_row_tile``:
-  ``index_query``, ``qkv_proj_rope``, ``shared_expert``), and in a nested loop of that
-  iteration one writer task per column block, which a later nested loop of the same
-  iteration reads (``qkv_proj_rope``'s ``qa`` / ``kva``, ``shared_expert``'s ``h_mx``);
+* in a nested loop of the writer's iteration one writer task per column block (columns
+  are a static dim: one cell each), which code after it or a later nested loop of the same
+  iteration reads (``rope_heads.mx_rows``: MX(x) of ``qkv_proj_rope`` and
+  ``shared_expert``; ``qkv_proj_rope``'s ``qa`` / ``kva`` and normalized ``qr``,
+  ``shared_expert``'s ``h_mx``), optionally followed by one join task that reads every
+  block (the compiler's exact edges) and hands the readers a copy
+  (``rope_heads.mx_row_tile``: ``index_query``; ``qkv_proj_rope.normalize_q_tile`` for
+  its MX(qr));
 * static rows for the hand-over tensor (the case's tokens: a build is per case), tracked
   per written tile (``o_proj``'s ``lat_mx``, with pieces that split columns rather than
   rows inside one iteration).  Not a general fix: ``shared_expert``'s static ``xq`` was

@@ -11,13 +11,15 @@ Per token (brackets mark a BF16 cast, as in the golden):
 Schedule: ONE ``pypto.loop`` ``QKV_ROWS`` over row tiles of up to ``ROW_TILE`` tokens (one
 iteration for a decode launch), each iteration in the order of its data:
 
-* ``MX(x)`` of the tile in 4-token pieces, each ONE task, written to the scratch output
-  ``xq``, then one join copy of the tile (:func:`v41.rope_heads.mx_row_tile`);
+* ``MX(x)`` of the tile by the nested loop ``QKV_XQ`` over column blocks, each ONE task,
+  into the scratch output ``xq`` (:func:`v41.rope_heads.mx_rows`);
 * nested loops ``QKV_WQA`` / ``QKV_WKV``: one ``N_TILE``-row weight tile decoded per
-  iteration and applied to the join copy, the BF16 product written to the scratch ``qa``
-  / ``kva`` as one task per column block (:func:`project_tile`);
-* ``qr = [RMSNorm(qa)]`` and ``MX(qr)`` to the scratch ``qrq`` in 4-token pieces, then one
-  join copy (:func:`normalize_q_tile`); ``kv = [RoPE([RMSNorm(kva)])]``;
+  iteration and applied to the tile's rows of ``xq`` (each K view waits for the writers of
+  its column blocks), the BF16 product written to the scratch ``qa`` / ``kva`` as one task
+  per column block (:func:`project_tile`);
+* ``qr = [RMSNorm(qa)]`` and ``MX(qr)`` to the scratch ``qrq``: the rows' norm factor, then
+  the nested loop ``QKV_QR`` over column blocks, each ONE task, then one join copy
+  (:func:`normalize_q_tile`); ``kv = [RoPE([RMSNorm(kva)])]``;
 * nested loop ``QKV_HEADS`` (:func:`v41.rope_heads.project_heads_tile`): each head copies
   the ``MX(qr)`` join tile, decodes its ``wq_b`` tiles and writes ``q`` (RoPE on the
   head's last tile, which holds its whole rope tail).
@@ -31,18 +33,21 @@ reads an earlier one's rows.  The weights are decoded once per row tile (once pe
 up to ``ROW_TILE`` tokens).  The scratch tensors are outputs because an in-kernel
 ``pypto.tensor`` written by one loop and read by a sibling loop crashes the simulator.
 
-Cost model (A5, FLASH TP4 rank, T=192).  The earlier weight-stationary schedule (sibling
+Cost model (A5, FLASH TP4 rank, T=192). The earlier weight-stationary schedule (sibling
 loops ``QKV_XQ``, ``QKV_WQA``, ``QKV_WKV``, ``QKV_QR``, ``QKV_NORM``, ``QKV_HEADS``) came
 down 575 -> 267 us with the vector and cube pass merges, one-task 4-token MX tiles,
 ``[160, 32]`` MX group tiles, 64-row K partial sums and per-head copies of the ``MX(qr)``
 rows, but its readers waited for the last row tile of ``xq`` / ``qa`` / ``kva`` / ``qrq``
-only (racy); with static rows for ``xq`` / ``qrq`` (one edge per 4-token writer) 621.5
-us.  This schedule: 390.9 us; each head's copy of the ``MX(qr)`` tile (the join's three
-tasks resolved 449 successor edges each, ~390 AICPU cycles apiece; now 81) 343.9; the
-``qa`` / ``kva`` column block cast and written as one ``[192, 128]`` tile (12 tasks per
-block before) 318.6 us.  Tried on the earlier schedule: merging 4 subgraphs (456 us); the
-sum and cast of each head tile's K-chunk products as one task (331 us); stitching 256 or
-512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation error).
+only (racy); with static rows for ``xq`` / ``qrq`` (one edge per 4-token writer) 621.5 us.
+This schedule: 390.9 us; each head's copy of the ``MX(qr)`` tile (the join's three tasks
+resolved 449 successor edges each, ~390 AICPU cycles apiece; now 81) 343.9; the ``qa`` /
+``kva`` column block cast and written as one ``[192, 128]`` tile (12 tasks per block
+before) 318.6-334.3 us. ``MX(x)`` / ``MX(qr)`` by column-block loops instead of 4-token
+pieces unrolled at trace time (compile CPU T=192 22.8 -> ~4 s, flat in T): ~344 us (T=4
+193.9 -> 210.9, T=48 217.7 -> 210.2). Tried on the earlier schedule: merging 4 subgraphs
+(456 us); the sum and cast of each head tile's K-chunk products as one task (331 us);
+stitching 256 or 512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation
+error).
 
 MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
 decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
@@ -84,8 +89,8 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import (MX_ROWS, mx_activation_rows, mx_row_tile, project_heads_tile,
-                             row_tile_pieces, store_rope_head, tile_product)
+from v41.rope_heads import (CLONE_ROWS, GROUP_TILE, column_block, mx_rows,
+                             project_heads_tile, store_rope_head, tile_product)
 from v41.subgraph import one_subgraph
 
 # Same-structure vector and cube subgraph pairs of a loop iteration merge into one task each
@@ -94,6 +99,9 @@ PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per row tile)
 N_TILE = 128  # weight output rows decoded per tile
+# MX(x) / MX(qr) column blocks (rope_heads.column_block): ~MX_ELEMS elements, >= MX_COLS
+MX_ELEMS = 192 * 128
+MX_COLS = 128
 # Rows of the vector tiles that add the products' K partials (and, in the head loop, cast,
 # rotate and store): 64 instead of 16 / 8, each tile paying ~1.5 k cycles of DDR copy-in
 # (the 16-row sums made each head tile a 76 k-cycle task at FLASH T=192).
@@ -155,30 +163,58 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
 
 
-def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply):
-    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows ``start .. start + valid - 1``
-    in :func:`v41.rope_heads.row_tile_pieces` pieces, each one task (the norm weight is
-    reshaped inside the piece, not hoisted into a task every piece waits on); returns the
-    row tile's ``MX(qr)`` rows as a ``[rows, q_lora]`` tile (the pieces' join copy)."""
+def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, width):
+    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for columns ``col .. col + width`` of one
+    row tile as ONE task on one ``[rows, width]`` vector tile, from the rows' FP32
+    ``rsqrt(mean(qa^2) + eps)`` ``rstd [rows, 1]`` (None: no norm, a wrong variant); the
+    same element operations as :func:`rms_norm_rows` (``y * rstd`` then ``* w``)."""
     ql = qa.shape[1]
     fp32, bf16 = pypto.DT_FP32, pypto.DT_BF16
-
-    def piece(row, valid):
+    with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(1, ql)
-        qn = pypto.reshape(q_norm, [1, ql])
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
-        qa32 = pypto.cast(pypto.view(qa, [MX_ROWS, ql], [row, 0], valid_shape=[valid, ql]),
-                          fp32)
-        qr_t = pypto.cast(rms_norm_rows(pypto, qa32, qn, MX_ROWS, ql, eps, apply=apply), bf16)
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
-        pypto.assemble(pypto.view(qr_t, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
-                       [row, 0], qr)
-        qrm = mx_activation_rows(pypto, pypto.cast(qr_t, fp32), MX_ROWS, valid, ql)
-        pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(ql))
-        pypto.assemble(pypto.view(qrm, [MX_ROWS, ql], [0, 0], valid_shape=[valid, ql]),
-                       [row, 0], qrq)
+        qn = pypto.view(pypto.reshape(q_norm, [1, ql]), [1, width], [0, col])
+        pypto.set_vec_tile_shapes(rows, width)
+        y = pypto.cast(pypto.view(qa, [rows, width], [start, col], valid_shape=[valid, width]),
+                       fp32)
+        if rstd is not None:
+            r = pypto.view(rstd, [rows, 1], [0, 0], valid_shape=[valid, 1])
+            y = pypto.mul(pypto.mul(y, r), qn)
+        qr_t = pypto.cast(y, bf16)
+        pypto.assemble(pypto.mul(qr_t, 1.0), [start, col], qr)
+        qrm = mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid, width,
+                                           group_tile_rows=GROUP_TILE, vec_rows=rows)
+        pypto.set_vec_tile_shapes(rows, width)
+        pypto.assemble(pypto.mul(qrm, 1.0), [start, col], qrq)
 
-    return row_tile_pieces(pypto, qrq, start, rows, valid, piece)
+
+def row_rstd(pypto, qa, start, rows, valid, eps):
+    """FP32 ``[rows, 1]``: ``rsqrt(sum(y^2) / n + eps)`` of the rows ``start .. start +
+    valid - 1`` of ``qa [*, n]`` (:func:`rms_norm_rows`'s row factor), one task."""
+    n = qa.shape[1]
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
+        y32 = pypto.cast(pypto.view(qa, [rows, n], [start, 0], valid_shape=[valid, n]),
+                         pypto.DT_FP32)
+        ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
+        return pypto.rsqrt(pypto.add(ms, eps))
+
+
+def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply):
+    """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows ``start .. start + valid - 1``:
+    the rows' norm factor (:func:`row_rstd`, one task), then a nested loop ``QKV_QR`` over
+    column blocks, each ONE task writing its block of ``qr`` and ``qrq``
+    (:func:`_norm_mx_columns`; MX groups and the norm's element operations are per column,
+    so a block equals the whole row's); returns the row tile's ``MX(qr)`` rows as a
+    ``[rows, q_lora]`` tile (one join copy after the loop, waiting for every block)."""
+    ql = qa.shape[1]
+    width = column_block(ql, rows, MX_ELEMS, MX_COLS)
+    rstd = row_rstd(pypto, qa, start, rows, valid, eps) if apply else None
+    for c in pypto.loop(ql // width, name="QKV_QR", idx_name="c"):
+        _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
+                         width)
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(ql))
+        return pypto.mul(pypto.view(qrq, [rows, ql], [start, 0], valid_shape=[valid, ql]), 1.0)
 
 
 def project_tile(pypto, a, w, ws, out, start, rows, valid, n, k, table, name):
@@ -190,7 +226,7 @@ def project_tile(pypto, a, w, ws, out, start, rows, valid, n, k, table, name):
     width = mx_linear.tile_width(n, N_TILE)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
         wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k, table=table)
-        y = tile_product(pypto, a, 0, rows, valid, wt, width, k, SUM_TILE_ROWS)
+        y = tile_product(pypto, a, start, rows, valid, wt, width, k, SUM_TILE_ROWS)
         store_columns(pypto, y, out, start, nt * width, rows, valid, width)
 
 
@@ -221,6 +257,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     heads = qw // hd
     eps = float(config.rms_norm_eps)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    mx_cols = column_block(hidden, rows, MX_ELEMS, MX_COLS)
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
@@ -258,11 +295,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             valid = (tokens - start).min(rows)
             # MX(x) of the row tile (also to the scratch xq), then [MX(x) @ wq_a^T] and
             # [MX(x) @ wkv^T] into the scratch qa / kva
-            xa = mx_row_tile(pypto, x, xq, start, rows, valid)
+            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, "QKV_XQ")
             table = mx_decode.e4m3_table(pypto)
-            project_tile(pypto, xa, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden, table,
+            project_tile(pypto, xq, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden, table,
                          "QKV_WQA")
-            project_tile(pypto, xa, wkv, wkv_scale, kva, start, rows, valid, hd, hidden, table,
+            project_tile(pypto, xq, wkv, wkv_scale, kva, start, rows, valid, hd, hidden, table,
                          "QKV_WKV")
             # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
             qra = normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps,

@@ -5,59 +5,59 @@
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.subgraph import one_subgraph
 
-MX_ROWS = 4  # tokens per MX activation tile, one task ([4, 5120] FP32 tiles compile)
-GROUP_TILE = 160  # 32-element groups per vector tile of the MX steps (20 KB FP32)
+# 32-element groups per vector tile of the MX steps (20 KB FP32; [64, 32] tiles took 2.5x
+# the tile steps, [320, 32] tiles failed the simulation)
+GROUP_TILE = 160
 CLONE_ROWS = 64  # rows per vector tile of a row tile's join copy and of its clones
 
 
-def mx_activation_rows(pypto, x32, rows, valid, k):
-    """:func:`v41.mx_linear.mx_activation_bf16` in ``[GROUP_TILE, 32]`` group tiles instead
-    of ``[64, 32]`` (a one-task ``[4, 5120]`` tile: 4 tile steps per operation instead of
-    10; FLASH TP4 qkv_proj_rope T=192 349 -> 320 us; ``[320, 32]`` tiles failed the
-    simulation)."""
-    return mx_linear.mx_activation_bf16(pypto, x32, rows, valid, k, group_tile_rows=GROUP_TILE)
+def _mx_columns(pypto, x, xq, start, col, rows, valid, width):
+    """``xq[start : start + valid, col : col + width] = MX(x[...])`` for one column block of
+    one row tile as ONE task on one ``[rows, width]`` vector tile (MX groups are 32
+    channels of one row, so a column block quantizes exactly as the whole row does)."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rows, width)
+        x32 = pypto.cast(pypto.view(x, [rows, width], [start, col],
+                                    valid_shape=[valid, width]), pypto.DT_FP32)
+        xr = mx_linear.mx_activation_bf16(pypto, x32, rows, valid, width,
+                                          group_tile_rows=GROUP_TILE, vec_rows=rows)
+        pypto.set_vec_tile_shapes(rows, width)
+        # times 1.0 (exact): the write stays in this task instead of a copy task of its own
+        pypto.assemble(pypto.mul(xr, 1.0), [start, col], xq)
 
 
-def _mx_piece(pypto, x, xq, row, valid, k):
-    """``xq[row : row + valid] = MX(x[row : row + valid])`` for one ``MX_ROWS``-token piece
-    of the BF16 DDR tensor ``x [*, k]`` (:func:`mx_activation_rows`; the caller makes it
-    one task)."""
-    pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-    x32 = pypto.cast(pypto.view(x, [MX_ROWS, k], [row, 0], valid_shape=[valid, k]),
-                     pypto.DT_FP32)
-    xr = mx_activation_rows(pypto, x32, MX_ROWS, valid, k)
-    pypto.set_vec_tile_shapes(MX_ROWS, mx_linear.cols(k))
-    pypto.assemble(pypto.view(xr, [MX_ROWS, k], [0, 0], valid_shape=[valid, k]), [row, 0], xq)
+def column_block(k, rows, elems, least):
+    """Channels per column block of a row tile's MX activation (:func:`mx_rows`): about
+    ``elems`` elements (``rows`` x channels), at least ``least``, at most one K view of the
+    products (:func:`v41.mx_linear.k_chunk`), a multiple of 32 dividing ``k``.  Narrow
+    blocks spread a wide row tile over more tasks; wide ones give a short tile fewer tasks
+    and its readers fewer edges."""
+    return mx_linear.k_chunk(k, max(least, elems // rows))
 
 
-def mx_row_tile(pypto, x, xq, start, rows, valid):
+def mx_rows(pypto, x, xq, start, rows, valid, width, name):
+    """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
+    ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``: a nested
+    ``pypto.loop`` ``name`` over ``width``-channel column blocks, each block written by
+    ONE task (:func:`_mx_columns`).  Columns are a static dim, one cell per block, so code
+    after the loop in the same row iteration gets an edge from the writer of every block it
+    reads.  The loop is not unrolled: the trace does not grow with ``rows``."""
+    for c in pypto.loop(x.shape[1] // width, name=name, idx_name="c"):
+        _mx_columns(pypto, x, xq, start, c * width, rows, valid, width)
+
+
+def mx_row_tile(pypto, x, xq, start, rows, valid, width, name):
     """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
     ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``; returns
-    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products
-    (:func:`row_tile_pieces` of :func:`_mx_piece`)."""
+    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products: :func:`mx_rows`,
+    then ONE task (waiting for every column block's writer) copies the rows (times 1.0,
+    exact) into the returned tile, which a product in a later nested loop waits for through
+    one edge."""
     k = x.shape[1]
-    return row_tile_pieces(pypto, xq, start, rows, valid,
-                           lambda row, v: _mx_piece(pypto, x, xq, row, v, k))
-
-
-def row_tile_pieces(pypto, out, start, rows, valid, piece):
-    """Call ``piece(row, valid)`` for ``MX_ROWS``-token pieces covering rows ``start ..
-    start + valid - 1`` of one row tile, unrolled at trace time, each ONE task that writes
-    its rows of the BF16 DDR tensor ``out [*, k]``; then ONE task in the same root function
-    (the compiler's exact edges: it waits for every piece) copies the tile's rows of ``out``
-    (times 1.0, exact) into the returned ``[rows, k]`` tile, which a product in a nested
-    loop waits for through one edge (reading ``out`` itself, whose rows are a dynamic axis,
-    a later root function gets an edge from one piece's writer only).  A piece's start is
-    clamped to ``valid - MX_ROWS`` (0 when fewer): pieces past the real rows rewrite the
-    last piece's rows with the same bytes."""
-    k = out.shape[1]
-    for u in range(rows // MX_ROWS):  # unrolled at trace time
-        with one_subgraph(pypto):
-            lo = (valid - MX_ROWS).max(0).min(u * MX_ROWS)
-            piece(start + lo, (valid - lo).min(MX_ROWS))
+    mx_rows(pypto, x, xq, start, rows, valid, width, name)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(k))
-        return pypto.mul(pypto.view(out, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
+        return pypto.mul(pypto.view(xq, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
 
 
 def store_rope_head(pypto, y_bf16, out, start, col, rows, valid, cos_t, sin_t, factors,

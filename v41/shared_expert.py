@@ -11,9 +11,10 @@ brackets mark a BF16 cast, as in the golden)::
 
 Schedule: one ``SE_ROWS`` iteration per row tile, inside it
 
-1. ``MX(x)`` of the row tile into the scratch output ``xq`` and, by one task in the same
-   root function, into a ``[rows, hidden]`` tile the products read
-   (:func:`v41.rope_heads.mx_row_tile`);
+1. ``MX(x)`` of the row tile into the scratch output ``xq`` by the nested loop ``SE_XQ``
+   over column blocks, each ONE task (:func:`v41.rope_heads.mx_rows`; FLASH T=192 343.7
+   -> 302.6 us, compile CPU 16.8 -> ~3 s, flat in T, against 4-token pieces unrolled at
+   trace time and a join copy the products read);
 2. ``SE_W13``: per ``I_TILE`` block ``j`` of the intermediate width, ``W1_j`` and ``W3_j``
    (``I_TILE`` rows, all of ``hidden``) decoded and applied to that tile, ``MX(h_j)``
    written into the scratch output ``h_mx`` by ONE task (``MX(h)`` quantizes groups of 32
@@ -22,8 +23,9 @@ Schedule: one ``SE_ROWS`` iteration per row tile, inside it
    the row tile's rows of ``h_mx``, ``y`` written.
 
 Ordering (pypto 0.2.0 tracks the dynamic rows of ``xq`` / ``h_mx`` as one cell per
-column block, last writer only; :mod:`v41.order`): the products of step 2 wait for the
-tile copy of step 1, and each ``W2`` product for the one writer of every column block of
+column block, last writer only; :mod:`v41.order`): each K view of a step 2 product waits
+for the one writer of every ``xq`` column block it reads (an earlier nested loop of the
+same row iteration), and each ``W2`` product for the one writer of every column block of
 ``h_mx`` in this row tile.  Every weight element is decoded once per row tile (once per
 launch up to ``ROW_TILE`` tokens); no expanded weight exists beyond one tile.  (The
 scratch tensors are outputs because an in-kernel ``pypto.tensor`` written by one loop and
@@ -68,10 +70,13 @@ import functools
 from v41 import mx_decode, mx_linear
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import mx_row_tile
+from v41.rope_heads import column_block, mx_rows
 from v41.subgraph import one_subgraph
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per row tile)
+# MX(x) column blocks (rope_heads.column_block): ~MX_ELEMS elements, >= MX_COLS channels
+MX_ELEMS = 192 * 128
+MX_COLS = 128
 I_TILE = 128  # intermediate columns per W1/W3 tile (one h_mx column block, one writer task)
 # W2 output rows decoded per tile: each h_mx block writer resolves one edge per W2 product
 # of its K chunk, so fewer, wider W2 tiles shorten the wait before them (FLASH T=192 396.9
@@ -158,8 +163,8 @@ def _h_block(pypto, a, w1t, w3t, h_mx, start, col, rows, valid, width, k, limit,
     functions, where pypto 0.2.0 keeps the last writer per column cell only, so a block
     written in row pieces (several tasks) would leave all but one piece unordered."""
     bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
-    gp = list(mx_linear.k_partials(pypto, a, 0, rows, valid, w1t, width, k))
-    up = list(mx_linear.k_partials(pypto, a, 0, rows, valid, w3t, width, k))
+    gp = list(mx_linear.k_partials(pypto, a, start, rows, valid, w1t, width, k))
+    up = list(mx_linear.k_partials(pypto, a, start, rows, valid, w3t, width, k))
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(rows, width)
         g, u = (functools.reduce(pypto.add, ps) for ps in (gp, up))  # in K order
@@ -194,6 +199,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     narrow = inter // 32 <= NARROW_SCALE_BYTES
     n_tile = mx_linear.tile_width(hidden, NARROW_N_TILE if narrow else N_TILE)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
+    mx_cols = column_block(hidden, rows, MX_ELEMS, MX_COLS)
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), max(i_tile, n_tile), 2)  # BF16 operands
     clamp = variant != "no_clamp"
     silu_on_u = variant == "silu_on_u"
@@ -228,11 +234,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         for r in pypto.loop((active + rows - 1) // rows, name="SE_ROWS", idx_name="r"):
             start = r * rows
             valid = (active - start).min(rows)
-            xa = mx_row_tile(pypto, x, xq, start, rows, valid)  # MX(x), one writer task
+            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, "SE_XQ")  # MX(x)
             for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
                 w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
                 w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
-                _h_block(pypto, xa, w1t, w3t, h_mx, start, j * i_tile, rows, valid, i_tile,
+                _h_block(pypto, xq, w1t, w3t, h_mx, start, j * i_tile, rows, valid, i_tile,
                          hidden, limit, clamp=clamp, silu_on_u=silu_on_u, skip_quant=skip_h_quant)
             for nt in pypto.loop(hidden // n_tile, name="SE_W2", idx_name="nt"):
                 w2t = weight_tile(pypto, w2, w2_scale, nt * n_tile, n_tile, inter, table)
