@@ -1,6 +1,7 @@
-"""Per-head query projections with their rope tails rotated, inside a pypto kernel
-(trace-time helpers shared by the query kernels: :mod:`v41.qkv_proj_rope`,
-:mod:`v41.index_query`)."""
+"""Per-head query projections with their rope tails rotated, and a row tile's MXFP8
+activation by column blocks, inside a pypto kernel (trace-time helpers shared by
+:mod:`v41.qkv_proj_rope`, :mod:`v41.index_query` and, for the activation,
+:mod:`v41.shared_expert`)."""
 
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.subgraph import one_subgraph
