@@ -44,7 +44,8 @@ resolved 449 successor edges each, ~390 AICPU cycles apiece; now 81) 343.9; the 
 ``kva`` column block cast and written as one ``[192, 128]`` tile (12 tasks per block
 before) 318.6-334.3 us. ``MX(x)`` / ``MX(qr)`` by column-block loops instead of 4-token
 pieces unrolled at trace time (compile CPU T=192 22.8 -> ~4 s, flat in T): ~344 us (T=4
-193.9 -> 210.9, T=48 217.7 -> 210.2). Tried on the earlier schedule: merging 4 subgraphs
+193.9 -> 210.9, T=48 217.7 -> 210.2; T=1024, six row tiles, ~1,290 -> 1,566 us: each row tile
+adds its nested loops' root functions to the launch). Tried on the earlier schedule: merging 4 subgraphs
 (456 us); the sum and cast of each head tile's K-chunk products as one task (331 us);
 stitching 256 or 512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation
 error).

@@ -14,7 +14,7 @@ Schedule: one ``SE_ROWS`` iteration per row tile, inside it
 1. ``MX(x)`` of the row tile into the scratch output ``xq`` by the nested loop ``SE_XQ``
    over column blocks, each ONE task (:func:`v41.rope_heads.mx_rows`; FLASH T=192 343.7
    -> 302.6 us, compile CPU 16.8 -> ~3 s, flat in T, against 4-token pieces unrolled at
-   trace time and a join copy the products read);
+   trace time and a join copy the products read; T=384, two row tiles, 557.4 -> 585.2);
 2. ``SE_W13``: per ``I_TILE`` block ``j`` of the intermediate width, ``W1_j`` and ``W3_j``
    (``I_TILE`` rows, all of ``hidden``) decoded and applied to that tile, ``MX(h_j)``
    written into the scratch output ``h_mx`` by ONE task (``MX(h)`` quantizes groups of 32
