@@ -159,9 +159,15 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     FP32 ``weight [1, n]`` (``apply=False`` returns ``y32`` unchanged: a wrong variant)."""
     if not apply:
         return y32
+    return pypto.mul(pypto.mul(y32, _rstd(pypto, y32, rows, n, eps)), weight)
+
+
+def _rstd(pypto, y32, rows, n, eps):
+    """FP32 ``[rows, 1]``: ``rsqrt(sum(y^2) / n + eps)`` of FP32 rows ``y32 [rows, n]`` (the
+    vector tile is left at ``[min(rows, 8), min(n, 1024)]``)."""
     pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
     ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
-    return pypto.mul(pypto.mul(y32, pypto.rsqrt(pypto.add(ms, eps))), weight)
+    return pypto.rsqrt(pypto.add(ms, eps))
 
 
 def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, width):
@@ -190,14 +196,13 @@ def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, 
 
 def row_rstd(pypto, qa, start, rows, valid, eps):
     """FP32 ``[rows, 1]``: ``rsqrt(sum(y^2) / n + eps)`` of the rows ``start .. start +
-    valid - 1`` of ``qa [*, n]`` (:func:`rms_norm_rows`'s row factor), one task."""
+    valid - 1`` of ``qa [*, n]`` (:func:`_rstd`, :func:`rms_norm_rows`'s row factor), one task."""
     n = qa.shape[1]
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
         y32 = pypto.cast(pypto.view(qa, [rows, n], [start, 0], valid_shape=[valid, n]),
                          pypto.DT_FP32)
-        ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
-        return pypto.rsqrt(pypto.add(ms, eps))
+        return _rstd(pypto, y32, rows, n, eps)
 
 
 def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply):
