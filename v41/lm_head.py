@@ -22,7 +22,11 @@ phases so the vocab tiles do not wait on one another:
 (FLASH TP4, 192 rows, one rank: 11.9 ms estimated with the former running fold over 505
 tiles, which chained every tile to the one before it; 10.7 ms with the two phases and
 16-row cube tiles; 1.83 ms with :func:`v41.cube_tiles.cube_tiles`, which takes all 192 rows
-so each head tile is read once; roofline 482 us.)  ``best_index`` is the GLOBAL vocab
+so each head tile is read once; roofline 482 us.)  Vector tiles take the whole row tile
+where :data:`VEC_ELEMS` allows (:func:`vec_rows`), so a vocab step is the same few tasks at
+any row count: FLASH TP1 T=4 / 48 / 192 1,542 / 1,552 / 7,260 -> 1,542 / 1,552 / 2,608
+tasks, T=192 3,227 -> 2,502 us, compile flat (16-row tiles: T=192 0.46-0.70 s CPU, now
+0.31 s; T=4 0.22-0.33 s).  ``best_index`` is the GLOBAL vocab
 index (FP32 iota arithmetic: exact below 2^24).  The host combines the ranks' picks
 (``harness.entries.lm_head.combine_rank_picks``: largest value, lowest rank on ties).
 
@@ -57,7 +61,7 @@ from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 
 ROW_TILE = 192  # logit rows per loop iteration (the head shard is streamed once per row tile)
-VEC_ROWS = 16  # rows per vector tile
+VEC_ELEMS = 16384  # most FP32 elements per vector tile (64 KB of the 248 KB UB)
 VOCAB_TILES = (256, 128, 64, 32, 16, 8)  # head rows per vocab step, largest dividing V/tp
 FP32_EXACT_INT = 1 << 24  # FP32 index arithmetic is exact below this
 NEG_MAX = -3.4028234663852886e38  # -FLT_MAX: a pad column's tile maximum
@@ -116,10 +120,16 @@ def pick_columns(n_tiles: int) -> int:
     return -(-n_tiles // 8) * 8
 
 
+def vec_rows(rows: int, width: int) -> int:
+    """Rows of a ``[rows, width]`` vector tile: the whole row tile where ``VEC_ELEMS``
+    allows, so a vocab step is one tile however many rows the launch has."""
+    return max(1, min(rows, VEC_ELEMS // width))
+
+
 def _tile_pick(pypto, s, iota, rows, valid, tile, high_ties):
     """One logit tile ``s [rows, tile]``: its row maxima and the tile-local index of the
     lowest (``high_ties``: highest) position holding that maximum (exact equality)."""
-    pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+    pypto.set_vec_tile_shapes(vec_rows(rows, tile), tile)
     m = pypto.amax(s, -1, keepdim=True)  # [rows, 1]
     hit = pypto.eq(s, pypto.expand_clone(m, [rows, tile], valid_shape=[valid, tile]))
     iota_t = pypto.expand_clone(iota, [rows, tile], valid_shape=[valid, tile])
@@ -132,7 +142,7 @@ def _row_pick(pypto, tmax, tpick, rows, valid, cols, high_ties):
     """The shard's pick of a row tile from its per-tile picks ``[rows, cols]``: the largest
     tile maximum, and among the tiles holding it the lowest (``high_ties``: highest) global
     index, which is the lowest index of the whole shard since a tile's pick is its lowest."""
-    pypto.set_vec_tile_shapes(VEC_ROWS, cols)
+    pypto.set_vec_tile_shapes(vec_rows(rows, cols), cols)
     m = pypto.amax(tmax, -1, keepdim=True)
     hit = pypto.eq(tmax, pypto.expand_clone(m, [rows, cols], valid_shape=[valid, cols]))
     if high_ties:
@@ -186,7 +196,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         for i in pypto.loop((active + r - 1) // r, name="LM_HEAD_ROWS", idx_name="i"):
             start = i * r
             valid = (active - start).min(r)
-            pypto.set_vec_tile_shapes(VEC_ROWS, min(d, 512))
+            pypto.set_vec_tile_shapes(vec_rows(r, min(d, 512)), min(d, 512))
             x32 = pypto.cast(pypto.view(hidden, [r, d], [start, 0], valid_shape=[valid, d]),
                              pypto.DT_FP32)
             # vocab tiles are independent: each writes its logits and its own pick column
@@ -194,16 +204,16 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 xv = pypto.view(x32, [r, d], [0, 0], valid_shape=[valid, d])
                 w = pypto.view(head, [tile, d], [j * tile, 0])
                 s = pypto.matmul(xv, w, pypto.DT_FP32, b_trans=True)  # [r, tile]
-                pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+                pypto.set_vec_tile_shapes(vec_rows(r, tile), tile)
                 if bf16_logits:
                     s = pypto.cast(pypto.cast(s, pypto.DT_BF16), pypto.DT_FP32)
                 s = pypto.view(s, [r, tile], [0, 0], valid_shape=[valid, tile])
                 pypto.assemble(s, [start, j * tile], logits)
                 m, pick = _tile_pick(pypto, s, iota, r, valid, tile, high_ties)
-                pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+                pypto.set_vec_tile_shapes(r, 8)
                 pypto.assemble(m, [start, j], tile_max)
                 pypto.assemble(pick, [start, j], tile_pick)  # tile-local: offsets added below
-            pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+            pypto.set_vec_tile_shapes(r, 8)
             for p in range(n_tiles, cols):  # at most 7 pad columns, never picked
                 pypto.assemble(pypto.full([r, 1], NEG_MAX, pypto.DT_FP32, valid_shape=[valid, 1]),
                                [start, p], tile_max)
@@ -211,11 +221,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                [start, p], tile_pick)
             tmax = pypto.view(tile_max, [r, cols], [start, 0], valid_shape=[valid, cols])
             tpick = pypto.view(tile_pick, [r, cols], [start, 0], valid_shape=[valid, cols])
-            pypto.set_vec_tile_shapes(VEC_ROWS, cols)
+            pypto.set_vec_tile_shapes(vec_rows(r, cols), cols)
             tpick = pypto.add(tpick, pypto.expand_clone(tile_base, [r, cols],
                                                         valid_shape=[valid, cols]))
             best, idx = _row_pick(pypto, tmax, tpick, r, valid, cols, high_ties)
-            pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+            pypto.set_vec_tile_shapes(r, 8)
             pypto.assemble(best, [start, 0], best_value)
             pypto.assemble(pypto.cast(idx, pypto.DT_INT32), [start, 0], best_index)
         if zero_padding:  # rows active .. total - 1: what a zero hidden row gives
@@ -223,12 +233,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                 idx_name="p"):
                 start = active + p * r
                 valid = (total - start).min(r)
-                pypto.set_vec_tile_shapes(VEC_ROWS, 8)
+                pypto.set_vec_tile_shapes(r, 8)
                 pypto.assemble(pypto.full([r, 1], 0.0, pypto.DT_FP32, valid_shape=[valid, 1]),
                                [start, 0], best_value)
                 pypto.assemble(pypto.full([r, 1], base0, pypto.DT_INT32, valid_shape=[valid, 1]),
                                [start, 0], best_index)
-                pypto.set_vec_tile_shapes(VEC_ROWS, tile)
+                pypto.set_vec_tile_shapes(vec_rows(r, tile), tile)
                 for j in pypto.loop(n_tiles, name="LM_HEAD_PADDING_VOCAB", idx_name="j"):
                     pypto.assemble(pypto.full([r, tile], 0.0, pypto.DT_FP32,
                                               valid_shape=[valid, tile]),
