@@ -30,8 +30,15 @@ the decodes, tasks and edges; with 64-row adds: T=4 / 48 / 192 / 1024 102.6 / 10
 128-column tiles (with 256 columns T=4 is 106.9 us); a ``wo_a`` tile of 80 columns (26
 tasks on 28 cube cores) still costs 48.5 k cycles a task, not 34 k (149.3 us).
 
-Compile grows with the row tile (T=4 1.0 s, T=192 3.5 s CPU): the row tile follows the
-launch's tokens because the cost model charges whole tiles and every extra task.  Measured
+Row tiles of 96, latent MX pieces of at least ``LAT_MIN_W`` columns, the concatenated
+group as one vector tile and 96-row adds: FLASH TP4 T=4 / 48 / 192 / 384 / 1024 129.5 /
+108.9 / 175.3 / - / 597.9 -> 129.5 / 110.8 / 158.5 / 225.2 / 588.4 us, compile at T=192
+1.2-1.6 s CPU against 1.0-1.2 at T=4 (was 2.7: with 192-row tiles the products' ``k0``
+halves to fit L0A and the latent went in 32 pieces of 32 columns per group).  Row tiles of
+192 with the rest: T=192 165.1 us, compile 1.7 s (T=1024 450.3 us); of 128: 165.8 us.
+
+Compile grows with the row tile up to ``ROW_TILE``: the row tile follows the launch's
+tokens because the cost model charges whole tiles and every extra task.  Measured
 at T=4 / T=192: fixed 16-row tiles 759 us at T=192; the de-rotation in its own 16-row loop
 and the latent's MXFP8 in an 8-row loop over a BF16 scratch: compile flat (0.88 / 1.12 s)
 but 124 / 341 us (64-row loop: 164 / 252 us); only the latent's 8-row pieces in a
@@ -67,12 +74,13 @@ from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 from v41.subgraph import one_subgraph
 
-ROW_TILE = 192  # most tokens per row tile (the weight is decoded once per launch)
+ROW_TILE = 96  # most tokens per row tile (the wo_b weight is still decoded once per launch)
 N_TILE = 256  # wo_b output rows decoded per weight tile (and columns per wo_b product)
 WO_A_N = 128  # latent columns per wo_a product
 ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
 LAT_ROWS = 8  # an MX-activation subgraph takes LAT_ROWS * lora latent elements
-ADD_ROWS = 64  # rows per vector tile of the K-partial adds ([64, 256] FP32: 64 KB)
+LAT_MIN_W = 128  # columns of a latent MX piece at least (pieces per group: lora / 128)
+ADD_ROWS = 96  # rows per vector tile of the K-partial adds ([96, 256] FP32: 96 KB)
 
 VARIANTS = {
     "reference": "the contract",
@@ -169,7 +177,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                       valid_shape=[valid, rd])
                     pieces.append(rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows,
                                                         valid, rd, tile_rows=ROPE_ROWS))
-                pypto.set_vec_tile_shapes(min(rows, 16), gi)
+                pypto.set_vec_tile_shapes(rows, gi)
                 o = pypto.view(pypto.concat(pieces, -1), [rows, gi], [0, 0],
                                valid_shape=[valid, gi])
                 lat = pypto.matmul(o, pypto.view(wo_a, [lora, gi], [g * lora, 0]),
@@ -199,8 +207,8 @@ def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant
     a cell of its own (FLASH TP4 T=4 / 192: 94.0 / 134.9 -> 95.9 / 175.3 us).  Past one row
     tile the row pieces of different tiles are one cell too: ``lat_mx`` has static rows
     (the case's tokens), tracked per written tile, so each product waits for its own row
-    tile (``harness.order_audit`` at TINY T=384)."""
-    w = mx_linear.k_chunk(lora, max(32, LAT_ROWS * lora // rows))
+    tile (``harness.order_audit`` at TINY T=384, FLASH TP4 T=192 / 384 / 1024)."""
+    w = mx_linear.k_chunk(lora, max(LAT_MIN_W, LAT_ROWS * lora // rows))
     for c0 in range(0, lora, w):  # unrolled at trace time
         with one_subgraph(pypto):
             pypto.set_vec_tile_shapes(rows, w)
