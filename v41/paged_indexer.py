@@ -16,41 +16,58 @@ absorbs; the Top-K acceptance judges the rest.)  Top-K: the ``topk`` best finite
 the lower position (:func:`v41.rank_select.select`), listed by ascending logical position as
 physical rows, trailing -1 (:func:`v41.rank_select.ascending`).
 
-Kernel algorithm (per token): the positions up to ``compressed_lens[t]`` are scored in tiles
-of ``KEY_TILE`` (512) keys, a loop over the dynamic tile count.  Each tile is three tasks: one
-subgraph that takes the tile's physical rows from its block-table pages, gathers the packed
-E2M1 rows and E8M0 scales and decodes them to BF16 with :func:`v41.kv_decode.fp4_keys`
-(exact; the decoder's constants recomputed in the task; ``fp4_keys``'s own
-:func:`v41.subgraph.one_subgraph` nests in the tile's, so it is the same task), the cube
-product with the token's query (read in place), and the scoring (weights read in place,
-positions at or past ``compressed_lens[t]`` and candidate-mask exclusions MASKED).  The
-tile's scores go to the token's row of the FP32 ``scores`` buffer ``[tokens, max(width,
-topk)]``; the tiles of the row no scoring task writes (past the length, past the width) are
-written MASKED by a second per-token loop, one task a tile, so every byte of ``scores`` has
-exactly one writer and the buffer holds what the golden's does (the C1A Full candidate
-source reads it: :mod:`v41.hierarchical_indexer`).  The Top-K is one subgraph per token
-(its constants recomputed in it), reading the row after those tasks (dataflow edges), and
+Kernel algorithm (per token): a row of up to ``ROW_KEYS`` (1024) positions that is its own
+Top-K-padded row (``width >= topk``, so every column is a key) is ONE key tile: per part of
+the tile (below) a decode task, one subgraph that takes the part's physical rows from the
+block-table row, gathers the packed E2M1 rows and E8M0 scales and decodes them to BF16 with
+:func:`v41.kv_decode.fp4_keys` (exact; the decoder's constants recomputed in the task;
+``fp4_keys``'s own :func:`v41.subgraph.one_subgraph` nests in the tile's, so it is the same
+task), and a cube product with the token's query (read in place); then one subgraph scores
+the row (weights read in place, positions at or past ``compressed_lens[t]`` and
+candidate-mask exclusions MASKED), writes it to the token's row of the FP32 ``scores``
+buffer ``[tokens, max(width, topk)]`` (every byte, once) and selects its Top-K from the
+scores it holds.  A launch of ``FEW_TOKENS`` (32) tokens or more decodes the whole row in one
+part and puts two tokens in each loop iteration (``IDX_PAIRS``, an odd last token in
+``IDX_LAST``); a smaller launch takes one token an iteration and ``KEY_TILE`` (512) parts
+(``IDX_FEW``: a shorter chain per token).  The choice is made on the chip from the dynamic
+``tokens`` (loop counts ``tokens * few`` and ``(tokens // 2) * (1 - few)``), so one compiled
+kernel serves every launch.  Wider rows (and rows shorter than the Top-K) are scored in
+tiles of ``KEY_TILE`` keys, a loop over the dynamic count of tiles holding visible
+positions, each tile a decode, a product and a scoring task; the tiles of the row no
+scoring task writes (past the length, past the width) are written MASKED by a second
+per-token loop, one task a tile, and the Top-K is one subgraph per token reading the row
+after those tasks (dataflow edges).  Either way every byte of ``scores`` has exactly one
+writer and the buffer holds what the golden's does (the C1A Full candidate source reads
+it: :mod:`v41.hierarchical_indexer`), and the Top-K (its constants recomputed in its task)
 maps the chosen positions to physical rows through the block-table row.  (With a key tile
 shorter than a page, the token's physical rows are gathered once per token instead.)  The
 host bounds ``tokens`` per launch by the score budget (``max_logits_bytes``) and validates
 every row id and length before launch
 (``harness.entries.paged_indexer.validate_launch``).
 
-Schedule (A5 cost model): FLASH TP4 T=192 368 -> 184 us (2,030 -> 1,012 tasks) with the tile,
-MASKED-tile and Top-K tasks above.  Each token is a chain of dependent tasks (decode,
-product, scoring, Top-K): the pipes are busy under 30 % of the span, a task starts 5-20 k
-cycles after its producer ends and the AICPU threads spend ~80 % of the span polling
-cores, so the graph, not the bytes or the vector work, sets the time.  (Without the MASKED
-tiles, the Top-K masking the row in its own task: 157 us, but the columns past the length
-were left unwritten and the C1A Full candidate source reads them; a MASKED fill of whole
-rows in tasks of their own: 163 us, its writes ordered against the scoring tasks' only by
-timing.)  Before (in launches of 32 rows): 64-key tiles with the arithmetic decoder of ``v41.mx_decode`` (its
-on-chip reshapes went through global memory) took 1,842 us; the whole-row decoder and
-512-key tiles took 423 us, the same Top-K rows (400 us with each token's steps before its
-key loop in one subgraph scope).
-A token with a short prefix decodes a whole tile of masked keys; at decode lengths that
-costs less than the extra loop iterations (256-key tiles: 109 us against 73 us for a
-32-row FLASH launch).
+Schedule (A5 cost model): the AICPU's handling of the graph, not the bytes or the vector
+work, sets the time: the pipes are busy well under half the span, a task starts 5-20 k
+cycles after its producer ends, and both the tasks and the root functions (loop
+iterations) cost.  FLASH (width 1024 = 2 x topk), before -> after the one-tile row, the
+paired tokens and the ``FEW_TOKENS`` split: T=192 223.8 -> 93.1 us (5.8x -> 2.4x
+roofline; 1,304 -> 576 tasks; the TP4 bench case 184.1 -> 93.1), T=384 401.0 -> 192.0,
+T=512 517.2 -> 271.7, T=48 66.3 -> 41.4, T=4 28.0 -> 25.6, T=3 28.2 -> 25.4.  Alone, the
+one-tile row (3 tasks a token instead of ~6.8: two 512-key decode, product and scoring
+tasks, MASKED tiles, the Top-K) gave T=192 117.7 us but T=4 32.3 (the 1024-key decode
+takes 23 k cycles against 13 k for 512 keys, and it lengthens every token's chain); pairing
+the tokens (the same tasks in half the root functions) gave T=192 93.1; groups of 4 or 8
+tokens 95.9 (compile 0.6 / 1.0 s); 512-key parts at every T 126.7 at T=192 (960 tasks) but
+25.6 at T=4, hence the split (parts vs whole rows at T=20 / 24 / 32: 31.0 / 33.8 / 38.7
+against 33.9 / 34.0 / 39.0; T=48 48.0 against 41.4).  Earlier: 368 -> 184 us (2,030 ->
+1,012 tasks) with the tile, MASKED-tile and Top-K tasks; without the MASKED tiles, the
+Top-K masking the row in its own task: 157 us, but the columns past the length were left
+unwritten; a MASKED fill of whole rows in tasks of their own: 163 us, its writes ordered
+against the scoring tasks' only by timing.  Before (in launches of 32 rows): 64-key tiles
+with the arithmetic decoder of ``v41.mx_decode`` (its on-chip reshapes went through global
+memory) took 1,842 us; the whole-row decoder and 512-key tiles took 423 us (400 us with
+each token's steps before its key loop in one subgraph scope).  A token with a short
+prefix decodes a whole tile of masked keys; at decode lengths that costs less than the
+extra loop iterations (256-key tiles: 109 us against 73 us for a 32-row FLASH launch).
 
 ABI
 ---
@@ -85,6 +102,8 @@ from v41.cube_tiles import cube_tiles
 from v41.subgraph import one_subgraph
 
 KEY_TILE = 512  # keys decoded and scored per step (the dims' width must be a multiple)
+ROW_KEYS = 1024  # a row up to this width that fills its Top-K row is one tile
+FEW_TOKENS = 32  # launches of fewer tokens decode a one-tile row in KEY_TILE parts
 INT32_MAX = 2 ** 31 - 1
 
 VARIANTS = {
@@ -130,6 +149,8 @@ def dims(config, case: dict) -> dict[str, int]:
                          f"must be a multiple of {tile} and of 16")
     if padded % tile:
         raise ValueError(f"config.index.topk: {ix.topk} is not a multiple of the key tile {tile}")
+    if width == padded and width <= ROW_KEYS:  # the whole row is one tile
+        tile = width
     blocks = case_int(case, "blocks", minimum=1)
     groups = ix.head_dim // cc.index_group
     if blocks * cc.block_size * groups > INT32_MAX:
@@ -182,8 +203,24 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         payload = pypto.reshape(index_key, [rows * g, group // 2], inplace=True)
         scales = pypto.reshape(index_key_scale, [rows * g], inplace=True)
         pypto.set_cube_tile_shapes(*cube_tiles(h, d, tile, 2))
-        for t in pypto.loop(tokens, name="IDX_TOKENS", idx_name="t"):
-            req = token_to_req[t]
+
+        def one_tile_row(t, req, parts):  # a decode and a product task per part; one task
+            # scores the row, writes it and selects its Top-K
+            pt = tile // parts
+            dots = [_tile_dot(pypto, q2, index_block_table, req, t, j, None, payload, scales, h,
+                              d, pt, bs, g, group) for j in range(parts)]
+            with one_subgraph(pypto):
+                scs = []
+                for j in range(parts):
+                    scs.append(_tile_scores(pypto, dots[j], w2, lens2, candidate_mask, t, j, h,
+                                            pt, padded, use_mask))
+                    pypto.assemble(scs[j], [t, j * pt], scores)
+                pypto.set_vec_tile_shapes(1, tile)
+                sc = scs[0] if parts == 1 else pypto.concat(scs, 1)
+                _token_topk(pypto, sc, topk_rows, None, index_block_table, req, t, variant,
+                            width, padded, k, bs, pages)
+
+        def tiled_row(t, req):  # per tile decode, product, scoring; MASKED tiles; Top-K
             phys = None
             if tile % bs:  # a tile within one page: the row of every position, gathered once
                 phys = _token_rows(pypto, index_block_table, req, bs, pages, width)
@@ -192,34 +229,37 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             else:
                 ntiles = width // tile
             for j in pypto.loop(ntiles, name="IDX_KEY_TILES", idx_name="j"):
-                kb = _tile_keys(pypto, index_block_table, req, j, phys, payload, scales, tile,
-                                bs, d, g, group)
-                pypto.set_vec_tile_shapes(h, d)
-                qt = pypto.view(q2, [h, d], [t * h, 0])
-                dot = pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)  # [h, tile]
-                pypto.set_vec_tile_shapes(h, tile)
-                dot = pypto.maximum(pypto.cast(pypto.cast(dot, pypto.DT_BF16), pypto.DT_FP32),
-                                    0.0)
-                wt = pypto.cast(pypto.view(w2, [h, 1], [t * h, 0]), pypto.DT_FP32)
-                s = pypto.mul(dot, pypto.expand_clone(wt, [h, tile]))
-                s = pypto.cast(pypto.cast(s, pypto.DT_BF16), pypto.DT_FP32)
-                total = pypto.sum(s, 0, keepdim=True)  # [1, tile]
-                pypto.set_vec_tile_shapes(1, tile)
-                sc = pypto.cast(pypto.cast(total, pypto.DT_BF16), pypto.DT_FP32)
-                if causal:  # positions at or past compressed_lens[t]
-                    sc = pypto.where(_tile_visible(pypto, lens2, t, j, tile, padded),
-                                     sc, rank_select.MASKED)
-                if use_mask:
-                    cm = pypto.cast(pypto.view(candidate_mask, [1, tile], [t, j * tile]),
-                                    pypto.DT_FP32)
-                    sc = pypto.where(pypto.gt(cm, 0.5), sc, rank_select.MASKED)
+                dot = _tile_dot(pypto, q2, index_block_table, req, t, j, phys, payload, scales,
+                                h, d, tile, bs, g, group)
+                sc = _tile_scores(pypto, dot, w2, lens2, candidate_mask, t, j, h, tile, padded,
+                                  use_mask)
                 pypto.assemble(sc, [t, j * tile], scores)
             # the tiles no scoring task wrote (past the length, past the width): MASKED
             for j in pypto.loop(padded // tile - ntiles, name="IDX_MASKED_TILES",
                                 idx_name="j"):
                 _masked_tile(pypto, scores, t, (ntiles + j) * tile, tile)
-            _token_topk(pypto, scores, topk_rows, phys, index_block_table, req, t, variant,
-                        width, padded, k, bs, pages)
+            with one_subgraph(pypto):  # reads the row after its scoring and MASKED-tile tasks
+                pypto.set_vec_tile_shapes(1, padded)
+                _token_topk(pypto, pypto.view(scores, [1, padded], [t, 0]), topk_rows, phys,
+                            index_block_table, req, t, variant, width, padded, k, bs, pages)
+
+        def token_pairs(npairs, nlast):  # two tokens a root function: half the root functions
+            for p in pypto.loop(npairs, name="IDX_PAIRS", idx_name="p"):
+                for i in range(2):
+                    one_tile_row(p * 2 + i, token_to_req[p * 2 + i], 1)
+            for p in pypto.loop(nlast, name="IDX_LAST", idx_name="p"):
+                one_tile_row(tokens - 1 + p, token_to_req[tokens - 1 + p], 1)
+
+        if tile != padded:
+            for t in pypto.loop(tokens, name="IDX_TOKENS", idx_name="t"):
+                tiled_row(t, token_to_req[t])
+        elif tile <= KEY_TILE:
+            token_pairs(tokens // 2, tokens % 2)
+        else:  # few tokens: KEY_TILE parts (a shorter chain); more: whole rows (fewer tasks)
+            few = 1 // (tokens // FEW_TOKENS + 1)  # 1 when tokens < FEW_TOKENS, else 0
+            for t in pypto.loop(tokens * few, name="IDX_FEW", idx_name="t"):
+                one_tile_row(t, token_to_req[t], tile // KEY_TILE)
+            token_pairs((tokens // 2) * (1 - few), (tokens % 2) * (1 - few))
 
     if masked:
         @pypto.frontend.jit(runtime_options=options)
@@ -310,48 +350,77 @@ def _page_rows(pypto, trow, n, bs):
     return pypto.add(pypto.mul(pypto.index_select(trow, 1, page_of), bs), offset)
 
 
-def _token_topk(pypto, scores, topk_rows, phys, index_block_table, req, t, variant,
+def _tile_dot(pypto, q2, index_block_table, req, t, j, phys, payload, scales, h, d, tile, bs,
+              g, group):
+    """FP32 ``q_t . key`` ``[h, tile]`` of key tile ``j`` (two tasks: the decode, the cube
+    product with the token's query read in place)."""
+    kb = _tile_keys(pypto, index_block_table, req, j, phys, payload, scales, tile, bs, d, g,
+                    group)
+    pypto.set_vec_tile_shapes(h, d)
+    qt = pypto.view(q2, [h, d], [t * h, 0])
+    return pypto.matmul(qt, kb, pypto.DT_FP32, b_trans=True)
+
+
+def _tile_scores(pypto, dot, w2, lens2, candidate_mask, t, j, h, tile, padded, use_mask):
+    """Key tile ``j``'s FP32 scores ``[1, tile]`` from its product ``dot``: BF16 ``dot``,
+    ReLU, times the head weight, BF16; the FP32 sum over heads, BF16; positions at or past
+    ``compressed_lens[t]`` (``lens2`` given) and candidate-mask exclusions MASKED."""
+    pypto.set_vec_tile_shapes(h, min(tile, KEY_TILE))  # [h, 1024] operands overflow the UB
+    dot = pypto.maximum(pypto.cast(pypto.cast(dot, pypto.DT_BF16), pypto.DT_FP32), 0.0)
+    wt = pypto.cast(pypto.view(w2, [h, 1], [t * h, 0]), pypto.DT_FP32)
+    s = pypto.mul(dot, pypto.expand_clone(wt, [h, tile]))
+    s = pypto.cast(pypto.cast(s, pypto.DT_BF16), pypto.DT_FP32)
+    total = pypto.sum(s, 0, keepdim=True)  # [1, tile]
+    pypto.set_vec_tile_shapes(1, tile)
+    sc = pypto.cast(pypto.cast(total, pypto.DT_BF16), pypto.DT_FP32)
+    if lens2 is not None:  # positions at or past compressed_lens[t]
+        sc = pypto.where(_tile_visible(pypto, lens2, t, j, tile, padded), sc,
+                         rank_select.MASKED)
+    if use_mask:
+        cm = pypto.cast(pypto.view(candidate_mask, [1, tile], [t, j * tile]), pypto.DT_FP32)
+        sc = pypto.where(pypto.gt(cm, 0.5), sc, rank_select.MASKED)
+    return sc
+
+
+def _token_topk(pypto, srow, topk_rows, phys, index_block_table, req, t, variant,
                 width, padded, k, bs, pages):
-    """Token ``t``'s Top-K of its score row, listed as physical rows, as one subgraph (its
-    constants recomputed in it); it reads the row after every scoring and MASKED-tile task
-    of the token (dataflow edges)."""
-    with one_subgraph(pypto):
-        pos, rev, kio = _positions(pypto, padded, k, variant)
-        pypto.set_vec_tile_shapes(1, padded)
-        srow = pypto.view(scores, [1, padded], [t, 0])
-        chosen = rank_select.select(pypto, srow, rev, kio, padded, k)
-        if variant == "higher_ties":
-            rev_out = pypto.add(pypto.mul(pos, -1.0), float(padded))
-        else:
-            rev_out = rev
-        if variant == "descending":  # keys pos + 1: the top lists positions descending
-            key = pypto.where(pypto.gt(chosen, 0.5), pypto.add(pos, 1.0), -1.0)
-            kv, _ = pypto.topk(key, k, -1, True)
-            pypto.set_vec_tile_shapes(1, k)
-            valid = pypto.where(pypto.gt(kv, 0.0), 1.0, 0.0)
-            lp = pypto.mul(pypto.sub(kv, 1.0), valid)
-        else:
-            lp, valid = rank_select.ascending(pypto, chosen, rev_out, padded, k)
-            pypto.set_vec_tile_shapes(1, k)
-        lp_i = pypto.cast(pypto.minimum(lp, float(width - 1)), pypto.DT_INT32)
-        v_i = pypto.cast(valid, pypto.DT_INT32)
-        pypto.set_vec_tile_shapes(k)
-        lp_1 = pypto.reshape(lp_i, [k])
+    """Token ``t``'s Top-K of its score row ``srow`` [1, padded], listed as physical rows
+    (its constants recomputed here; the caller puts it in one subgraph)."""
+    pos, rev, kio = _positions(pypto, padded, k, variant)
+    pypto.set_vec_tile_shapes(1, padded)
+    chosen = rank_select.select(pypto, srow, rev, kio, padded, k)
+    if variant == "higher_ties":
+        rev_out = pypto.add(pypto.mul(pos, -1.0), float(padded))
+    else:
+        rev_out = rev
+    if variant == "descending":  # keys pos + 1: the top lists positions descending
+        key = pypto.where(pypto.gt(chosen, 0.5), pypto.add(pos, 1.0), -1.0)
+        kv, _ = pypto.topk(key, k, -1, True)
         pypto.set_vec_tile_shapes(1, k)
-        if phys is None:  # the rows from the block-table row (exact: bs is a power of 2)
-            lp_c = pypto.minimum(lp, float(width - 1))
-            pg_f = pypto.floor(pypto.mul(lp_c, 1.0 / bs))
-            pg = pypto.cast(pg_f, pypto.DT_INT32)
-            off = pypto.cast(pypto.sub(lp_c, pypto.mul(pg_f, float(bs))), pypto.DT_INT32)
-            pypto.set_vec_tile_shapes(k)
-            pg_1 = pypto.reshape(pg, [k])
-            pypto.set_vec_tile_shapes(1, k)
-            trow = pypto.view(index_block_table, [1, pages], [req, 0])
-            pr2 = pypto.add(pypto.mul(pypto.index_select(trow, 1, pg_1), bs), off)
-        else:
-            pr2 = pypto.index_select(phys, 1, lp_1)
-        out = pypto.sub(pypto.mul(pypto.add(pr2, 1), v_i), 1)
-        pypto.assemble(out, [t, 0], topk_rows)
+        valid = pypto.where(pypto.gt(kv, 0.0), 1.0, 0.0)
+        lp = pypto.mul(pypto.sub(kv, 1.0), valid)
+    else:
+        lp, valid = rank_select.ascending(pypto, chosen, rev_out, padded, k)
+        pypto.set_vec_tile_shapes(1, k)
+    lp_i = pypto.cast(pypto.minimum(lp, float(width - 1)), pypto.DT_INT32)
+    v_i = pypto.cast(valid, pypto.DT_INT32)
+    pypto.set_vec_tile_shapes(k)
+    lp_1 = pypto.reshape(lp_i, [k])
+    pypto.set_vec_tile_shapes(1, k)
+    if phys is None:  # the rows from the block-table row (exact: bs is a power of 2)
+        lp_c = pypto.minimum(lp, float(width - 1))
+        pg_f = pypto.floor(pypto.mul(lp_c, 1.0 / bs))
+        pg = pypto.cast(pg_f, pypto.DT_INT32)
+        off = pypto.cast(pypto.sub(lp_c, pypto.mul(pg_f, float(bs))), pypto.DT_INT32)
+        pypto.set_vec_tile_shapes(k)
+        pg_1 = pypto.reshape(pg, [k])
+        pypto.set_vec_tile_shapes(1, k)
+        trow = pypto.view(index_block_table, [1, pages], [req, 0])
+        pr2 = pypto.add(pypto.mul(pypto.index_select(trow, 1, pg_1), bs), off)
+    else:
+        pr2 = pypto.index_select(phys, 1, lp_1)
+    out = pypto.sub(pypto.mul(pypto.add(pr2, 1), v_i), 1)
+    pypto.assemble(out, [t, 0], topk_rows)
 
 
 def _tile_visible(pypto, lens2, t, j, tile, padded):
