@@ -39,8 +39,13 @@ of ``qrq`` as one cell): ordered after every piece of their row tile (one join t
 48 / 192 105.3 / 110.7 / 211.6 -> 84.4 / 85.9 / 136.5 us, compile CPU at T=192 3.9 -> 0.9 s.
 With the zero-padding loop after the row loop, the launches with padding rows idled: T=192
 (190 active) 221.0 us (170 k cycles with no core busy before the head products); with it
-first, 144.0 us (134.8 with the 4-token pieces).  Launches of several row tiles are slower
-than with the pieces: T=512 (500 active) 303.5 -> 403.7 us, T=512 312.9 -> 420.6 us.
+first, 144.0 us (134.8 with the 4-token pieces).  Launches of several row tiles were slower
+than with the pieces (each row tile's ``IQ_QRQ`` iterations are root functions of the
+launch, at most 128 per stitched submission): T=512 (500 active) 303.5 -> 403.7 us, T=512
+312.9 -> 420.6 us; built for more tokens than one row tile, the kernel unrolls the column
+blocks in the row iteration instead: 403.7 -> 283.3 us, 420.6 -> 259.8, T=384 272.9 ->
+260.9 (unrolled in a one-tile launch: T=192 (190 active) 144.0 -> 164.0 us, the vector
+merge pairing the unrolled blocks, 432 -> 422 tasks).
 
 ABI
 ---
@@ -167,6 +172,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     zero_padding = variant not in ("skip_padding", "compute_padding")
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
     mx_cols = column_block(ql, rows, MX_ELEMS, MX_COLS)
+    # several row tiles: the MX(qr) blocks unrolled in the row iteration (fewer root
+    # functions per stitched submission); one: the nested loop IQ_QRQ
+    mx_loop = None if d["tokens"] > rows else "IQ_QRQ"
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -218,7 +226,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                            [start, 0], weights)
             # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
             # wq_b_h^T])] for each head
-            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, "IQ_QRQ")
+            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
             project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
                                rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
                                tile_rows=HEAD_TILE_ROWS)

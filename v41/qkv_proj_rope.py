@@ -12,7 +12,8 @@ Schedule: ONE ``pypto.loop`` ``QKV_ROWS`` over row tiles of up to ``ROW_TILE`` t
 iteration for a decode launch), each iteration in the order of its data:
 
 * ``MX(x)`` of the tile by the nested loop ``QKV_XQ`` over column blocks, each ONE task,
-  into the scratch output ``xq`` (:func:`v41.rope_heads.mx_rows`);
+  into the scratch output ``xq`` (:func:`v41.rope_heads.mx_rows`; a kernel built for
+  several row tiles unrolls the blocks in the row iteration, here and in ``QKV_QR``);
 * nested loops ``QKV_WQA`` / ``QKV_WKV``: one ``N_TILE``-row weight tile decoded per
   iteration and applied to the tile's rows of ``xq`` (each K view waits for the writers of
   its column blocks), the BF16 product written to the scratch ``qa`` / ``kva`` as one task
@@ -45,7 +46,9 @@ resolved 449 successor edges each, ~390 AICPU cycles apiece; now 81) 343.9; the 
 before) 318.6-334.3 us. ``MX(x)`` / ``MX(qr)`` by column-block loops instead of 4-token
 pieces unrolled at trace time (compile CPU T=192 22.8 -> ~4 s, flat in T): ~344 us (T=4
 193.9 -> 210.9, T=48 217.7 -> 210.2; T=1024, six row tiles, ~1,290 -> 1,566 us: each row tile
-adds its nested loops' root functions to the launch). Tried on the earlier schedule: merging 4 subgraphs
+adds its nested loops' root functions to the launch, at most 128 per stitched submission;
+with the blocks unrolled when built for several row tiles, T=1024 1,566 -> 1,181 us, T=384
+693.2 -> 458.2). Tried on the earlier schedule: merging 4 subgraphs
 (456 us); the sum and cast of each head tile's K-chunk products as one task (331 us);
 stitching 256 or 512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation
 error).
@@ -205,17 +208,20 @@ def row_rstd(pypto, qa, start, rows, valid, eps):
         return _rstd(pypto, y32, rows, n, eps)
 
 
-def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply):
+def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply, name):
     """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows ``start .. start + valid - 1``:
-    the rows' norm factor (:func:`row_rstd`, one task), then a nested loop ``QKV_QR`` over
-    column blocks, each ONE task writing its block of ``qr`` and ``qrq``
+    the rows' norm factor (:func:`row_rstd`, one task), then a nested loop ``name`` over
+    column blocks (None: unrolled, as :func:`v41.rope_heads.mx_rows` does for launches of
+    several row tiles), each ONE task writing its block of ``qr`` and ``qrq``
     (:func:`_norm_mx_columns`; MX groups and the norm's element operations are per column,
     so a block equals the whole row's); returns the row tile's ``MX(qr)`` rows as a
     ``[rows, q_lora]`` tile (one join copy after the loop, waiting for every block)."""
     ql = qa.shape[1]
     width = column_block(ql, rows, MX_ELEMS, MX_COLS)
     rstd = row_rstd(pypto, qa, start, rows, valid, eps) if apply else None
-    for c in pypto.loop(ql // width, name="QKV_QR", idx_name="c"):
+    blocks = range(ql // width) if name is None else pypto.loop(
+        ql // width, name=name, idx_name="c")
+    for c in blocks:
         _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
                          width)
     with one_subgraph(pypto):
@@ -264,6 +270,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     eps = float(config.rms_norm_eps)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
     mx_cols = column_block(hidden, rows, MX_ELEMS, MX_COLS)
+    multi = d["tokens"] > rows  # several row tiles: the MX column blocks unrolled
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
@@ -301,7 +308,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             valid = (tokens - start).min(rows)
             # MX(x) of the row tile (also to the scratch xq), then [MX(x) @ wq_a^T] and
             # [MX(x) @ wkv^T] into the scratch qa / kva
-            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, "QKV_XQ")
+            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, None if multi else "QKV_XQ")
             table = mx_decode.e4m3_table(pypto)
             project_tile(pypto, xq, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden, table,
                          "QKV_WQA")
@@ -309,7 +316,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                          "QKV_WKV")
             # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
             qra = normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps,
-                                   q_norm_on)
+                                   q_norm_on, None if multi else "QKV_QR")
             # kv = [RoPE([RMSNorm(kva)])]
             cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
             pypto.set_vec_tile_shapes(1, hd)

@@ -42,18 +42,24 @@ def mx_rows(pypto, x, xq, start, rows, valid, width, name):
     ``pypto.loop`` ``name`` over ``width``-channel column blocks, each block written by
     ONE task (:func:`_mx_columns`).  Columns are a static dim, one cell per block, so code
     after the loop in the same row iteration gets an edge from the writer of every block it
-    reads.  The loop is not unrolled: the trace does not grow with ``rows``."""
-    for c in pypto.loop(x.shape[1] // width, name=name, idx_name="c"):
+    reads.  ``name`` None: the same blocks unrolled at trace time in the caller's root
+    function (exact edges there, one writer per cell after it), for launches of several
+    row tiles, where each row tile's nested iterations add root functions to a stitched
+    submission (at most 128 loop functions each).  Neither traces more for more
+    ``rows`` (the loop traces one block, unrolled ``k / width``)."""
+    blocks = range(x.shape[1] // width) if name is None else pypto.loop(
+        x.shape[1] // width, name=name, idx_name="c")
+    for c in blocks:
         _mx_columns(pypto, x, xq, start, c * width, rows, valid, width)
 
 
 def mx_row_tile(pypto, x, xq, start, rows, valid, width, name):
     """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
     ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``; returns
-    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products: :func:`mx_rows`,
-    then ONE task (waiting for every column block's writer) copies the rows (times 1.0,
-    exact) into the returned tile, which a product in a later nested loop waits for through
-    one edge."""
+    the same BF16 rows as a ``[rows, k]`` tile for the row tile's products: :func:`mx_rows`
+    (``name``: its column loop, None unrolled), then ONE task (waiting for every column
+    block's writer) copies the rows (times 1.0, exact) into the returned tile, which a
+    product in a later nested loop waits for through one edge."""
     k = x.shape[1]
     mx_rows(pypto, x, xq, start, rows, valid, width, name)
     with one_subgraph(pypto):

@@ -15,6 +15,9 @@ Schedule: one ``SE_ROWS`` iteration per row tile, inside it
    over column blocks, each ONE task (:func:`v41.rope_heads.mx_rows`; FLASH T=192 343.7
    -> 302.6 us, compile CPU 16.8 -> ~3 s, flat in T, against 4-token pieces unrolled at
    trace time and a join copy the products read; T=384, two row tiles, 557.4 -> 585.2);
+   a kernel built for several row tiles unrolls the blocks in the row iteration instead
+   (each loop iteration is a root function, at most 128 per stitched submission): T=384
+   585.2 -> 436.6 us;
 2. ``SE_W13``: per ``I_TILE`` block ``j`` of the intermediate width, ``W1_j`` and ``W3_j``
    (``I_TILE`` rows, all of ``hidden``) decoded and applied to that tile, ``MX(h_j)``
    written into the scratch output ``h_mx`` by ONE task (``MX(h)`` quantizes groups of 32
@@ -25,11 +28,12 @@ Schedule: one ``SE_ROWS`` iteration per row tile, inside it
 Ordering (pypto 0.2.0 tracks the dynamic rows of ``xq`` / ``h_mx`` as one cell per
 column block, last writer only; :mod:`v41.order`): each K view of a step 2 product waits
 for the one writer of every ``xq`` column block it reads (an earlier nested loop of the
-same row iteration), and each ``W2`` product for the one writer of every column block of
-``h_mx`` in this row tile.  Every weight element is decoded once per row tile (once per
-launch up to ``ROW_TILE`` tokens); no expanded weight exists beyond one tile.  (The
-scratch tensors are outputs because an in-kernel ``pypto.tensor`` written by one loop and
-read by a sibling loop crashes the simulator, see :mod:`v41.routed_experts`.)
+same row iteration, or its own code before the loop when unrolled), and each ``W2``
+product for the one writer of every column block of ``h_mx`` in this row tile.  Every
+weight element is decoded once per row tile (once per launch up to ``ROW_TILE`` tokens); no
+expanded weight exists beyond one tile.  (The scratch tensors are outputs because an
+in-kernel ``pypto.tensor`` written by one loop and read by a sibling loop crashes the
+simulator, see :mod:`v41.routed_experts`.)
 
 The golden's per-K-group FP32 partials differ from the cube's FP32 accumulation by
 reassociation only; its silu is FP64 with one rounding, the kernel's FP32 (last-bit
@@ -200,6 +204,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     n_tile = mx_linear.tile_width(hidden, NARROW_N_TILE if narrow else N_TILE)
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
     mx_cols = column_block(hidden, rows, MX_ELEMS, MX_COLS)
+    mx_loop = None if d["tokens"] > rows else "SE_XQ"  # several row tiles: blocks unrolled
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), max(i_tile, n_tile), 2)  # BF16 operands
     clamp = variant != "no_clamp"
     silu_on_u = variant == "silu_on_u"
@@ -234,7 +239,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         for r in pypto.loop((active + rows - 1) // rows, name="SE_ROWS", idx_name="r"):
             start = r * rows
             valid = (active - start).min(rows)
-            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, "SE_XQ")  # MX(x)
+            mx_rows(pypto, x, xq, start, rows, valid, mx_cols, mx_loop)  # MX(x)
             for j in pypto.loop(inter // i_tile, name="SE_W13", idx_name="j"):
                 w1t = weight_tile(pypto, w1, w1_scale, j * i_tile, i_tile, hidden, table)
                 w3t = weight_tile(pypto, w3, w3_scale, j * i_tile, i_tile, hidden, table)
