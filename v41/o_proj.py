@@ -30,12 +30,14 @@ the decodes, tasks and edges; with 64-row adds: T=4 / 48 / 192 / 1024 102.6 / 10
 128-column tiles (with 256 columns T=4 is 106.9 us); a ``wo_a`` tile of 80 columns (26
 tasks on 28 cube cores) still costs 48.5 k cycles a task, not 34 k (149.3 us).
 
-Row tiles of 96, latent MX pieces of at least ``LAT_MIN_W`` columns, the concatenated
-group as one vector tile and 96-row adds: FLASH TP4 T=4 / 48 / 192 / 384 / 1024 129.5 /
-108.9 / 175.3 / - / 597.9 -> 129.5 / 110.8 / 158.5 / 225.2 / 588.4 us, compile at T=192
-1.2-1.6 s CPU against 1.0-1.2 at T=4 (was 2.7: with 192-row tiles the products' ``k0``
-halves to fit L0A and the latent went in 32 pieces of 32 columns per group).  Row tiles of
-192 with the rest: T=192 165.1 us, compile 1.7 s (T=1024 450.3 us); of 128: 165.8 us.
+Row tiles of 96 and latent MX pieces of at least ``LAT_MIN_W`` columns (at least two per
+group) with 96-row adds: FLASH TP4 T=4 / 48 / 192 / 384 / 1024 129.5 / 108.9 / 175.3 / - /
+597.9 -> 129.5 / 108.9 / 147.3 / 222.7 / 590.9 us; compile at T=192 1.45-1.6 s CPU against
+0.95-1.35 at T=4 (was 2.7: with 192-row tiles the products' ``k0`` halves to fit L0A and
+the latent went in 32 pieces of 32 columns per group).  Tried: 192-row tiles with the rest
+165.1 us (compile 1.7 s, T=1024 450.3 us), 128-row tiles 165.8 us, the concatenated group
+as one vector tile 158.5 us (TINY T=21 46.3 -> 47.8 us).  TINY launches of several 96-row tiles
+are slower than with one (T=384 / 512 70.3 / 78.1 -> 88.5 / 109.4 us).
 
 Compile grows with the row tile up to ``ROW_TILE``: the row tile follows the launch's
 tokens because the cost model charges whole tiles and every extra task.  Measured
@@ -177,7 +179,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                       valid_shape=[valid, rd])
                     pieces.append(rope_tail.rotate_tail(pypto, tail, cos_t, sin_t, factors, rows,
                                                         valid, rd, tile_rows=ROPE_ROWS))
-                pypto.set_vec_tile_shapes(rows, gi)
+                pypto.set_vec_tile_shapes(min(rows, 16), gi)
                 o = pypto.view(pypto.concat(pieces, -1), [rows, gi], [0, 0],
                                valid_shape=[valid, gi])
                 lat = pypto.matmul(o, pypto.view(wo_a, [lora, gi], [g * lora, 0]),
@@ -208,7 +210,7 @@ def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant
     tile the row pieces of different tiles are one cell too: ``lat_mx`` has static rows
     (the case's tokens), tracked per written tile, so each product waits for its own row
     tile (``harness.order_audit`` at TINY T=384, FLASH TP4 T=192 / 384 / 1024)."""
-    w = mx_linear.k_chunk(lora, max(LAT_MIN_W, LAT_ROWS * lora // rows))
+    w = mx_linear.k_chunk(lora, min(max(LAT_MIN_W, LAT_ROWS * lora // rows), lora // 2))
     for c0 in range(0, lora, w):  # unrolled at trace time
         with one_subgraph(pypto):
             pypto.set_vec_tile_shapes(rows, w)
