@@ -81,7 +81,7 @@ N_TILE = 256  # wo_b output rows decoded per weight tile (and columns per wo_b p
 WO_A_N = 128  # latent columns per wo_a product
 ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
 LAT_ROWS = 8  # an MX-activation subgraph takes LAT_ROWS * lora latent elements
-LAT_MIN_W = 128  # columns of a latent MX piece at least (pieces per group: lora / 128)
+LAT_MIN_W = 128  # fewest columns of a latent MX piece (unless that leaves one piece a group)
 ADD_ROWS = 96  # rows per vector tile of the K-partial adds ([96, 256] FP32: 96 KB)
 
 VARIANTS = {
@@ -201,8 +201,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
 
 def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant):
     """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` for one group's FP32 ``[rows,
-    lora]`` latent, in column pieces of ``LAT_ROWS * lora / rows`` (a multiple of 32, so
-    the MX groups are the same): each piece's casts, MXFP8 activation and copy out as one
+    lora]`` latent, in column pieces of ``LAT_ROWS * lora / rows`` columns, at least
+    ``LAT_MIN_W`` and at most ``lora / 2`` (a multiple of 32 dividing ``lora``, so the MX
+    groups are the same): each piece's casts, MXFP8 activation and copy out as one
     subgraph on one tile.  Column pieces, not row pieces: pypto 0.2.0 tracks the dynamic
     ``tokens`` rows of ``lat_mx`` as one cell per static column block, so the products
     would wait for the last row piece of a column block only, while each column piece is
