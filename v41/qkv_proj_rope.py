@@ -93,7 +93,7 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import (CLONE_ROWS, GROUP_TILE, column_block, mx_rows,
+from v41.rope_heads import (CLONE_ROWS, GROUP_TILE, column_block, column_blocks, mx_rows,
                              project_heads_tile, store_rope_head, tile_product)
 from v41.subgraph import one_subgraph
 
@@ -219,9 +219,7 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
     ql = qa.shape[1]
     width = column_block(ql, rows, MX_ELEMS, MX_COLS)
     rstd = row_rstd(pypto, qa, start, rows, valid, eps) if apply else None
-    blocks = range(ql // width) if name is None else pypto.loop(
-        ql // width, name=name, idx_name="c")
-    for c in blocks:
+    for c in column_blocks(pypto, ql // width, name):
         _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
                          width)
     with one_subgraph(pypto):

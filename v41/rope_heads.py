@@ -36,6 +36,13 @@ def column_block(k, rows, elems, least):
     return mx_linear.k_chunk(k, max(least, elems // rows))
 
 
+def column_blocks(pypto, n, name):
+    """The column block indices ``0 .. n - 1``: a ``pypto.loop`` named ``name`` (one root
+    function per block), or, ``name`` None, a range unrolled at trace time in the caller's
+    root function."""
+    return range(n) if name is None else pypto.loop(n, name=name, idx_name="c")
+
+
 def mx_rows(pypto, x, xq, start, rows, valid, width, name):
     """``xq[start : start + valid] = MX(x[start : start + valid])`` for one row tile of
     ``rows`` tokens (``valid`` real) of the BF16 DDR tensors ``x``, ``xq [*, k]``: a nested
@@ -47,9 +54,7 @@ def mx_rows(pypto, x, xq, start, rows, valid, width, name):
     row tiles, where each row tile's nested iterations add root functions to a stitched
     submission (at most 128 loop functions each).  Neither traces more for more
     ``rows`` (the loop traces one block, unrolled ``k / width``)."""
-    blocks = range(x.shape[1] // width) if name is None else pypto.loop(
-        x.shape[1] // width, name=name, idx_name="c")
-    for c in blocks:
+    for c in column_blocks(pypto, x.shape[1] // width, name):
         _mx_columns(pypto, x, xq, start, c * width, rows, valid, width)
 
 
