@@ -10,16 +10,19 @@ from :mod:`v41.cube_tiles`), for each of the rank's ``groups`` output groups:
 * ``latent_g = [o_g @ wo_a_g^T]`` BF16 x BF16 cube matmul, FP32 accumulation, ONE BF16 cast;
 * ``partial = MX(latent) @ wo_b^T`` kept in FP32 (:mod:`v41.mx_linear`: activation MXFP8
   per group of 32, ``wo_b`` E4M3 codes x E8M0 32x32 block scales decoded in-kernel one
-  ``[N_TILE, K]`` tile at a time).
+  ``[N_TILE, K]`` tile at a time; one product over all of K a tile).
 
 Schedule (weight-stationary): ``O_ROWS`` writes every row tile's ``MX(latent)`` to the
-scratch output ``lat_mx``; ``O_WO_B`` then decodes each ``wo_b`` tile ONCE per launch and
-applies it to every row tile, so the decode work does not grow with ``tokens``.
+scratch output ``lat_pre`` in column pieces, then ONE join task per row tile copies the
+row tile (times 1.0, exact) to the scratch output ``lat_mx``; ``O_WO_B`` then decodes each
+``wo_b`` tile ONCE per launch and applies it to every row tile, so the decode work does
+not grow with ``tokens``.
 
 Task graph (the A5 cost model's AICPU charges every task and dependency edge): each weight
 tile's scale-row gather and decode are one subgraph, each column piece of a group's
 latent (BF16 cast, MXFP8 activation, copy out; :func:`_latent_out`) is one subgraph, and
-the K-partial adds of a ``wo_b`` product go in ``ADD_ROWS``-row tiles.  FLASH TP4 T=192:
+the K-partial adds of a ``wo_b`` product went in multi-row tiles (until the single product
+below).  FLASH TP4 T=192:
 1,321 -> 521 tasks, 303 -> 179 us; the same operations in the same order, so the same
 output bits.  The inverse RoPE on the whole row tile and 96-row adds: T=192 170.6 -> 149.5
 us (est.sh case).
@@ -38,6 +41,19 @@ the latent went in 32 pieces of 32 columns per group).  Tried: 192-row tiles wit
 165.1 us (compile 1.7 s, T=1024 450.3 us), 128-row tiles 165.8 us, the concatenated group
 as one vector tile 158.5 us (TINY T=21 46.3 -> 47.8 us).  TINY launches of several 96-row tiles
 are slower than with one (T=384 / 512 70.3 / 78.1 -> 88.5 / 109.4 us).
+
+The join and one ``wo_b`` product over all of K: each of a row tile's 16 latent pieces had
+an edge to each of its 20 ``wo_b`` products, and the AICPU resolves a finished task's edges
+one after another (390 cycles each; 8.2 k cycles a piece), so the products of the first row
+tile started 43 k cycles after its last piece.  The join has 16 edges in and 20 out.  The
+product takes K in one (its L1 K tiles of 512 summed in K order by the cube) instead of one
+product per 1,024 columns added on the vector cores: 40 products and no add tasks.  FLASH
+TP4 T=4 / 48 / 192 / 1024: 129.5 / 108.9 / 147.3 / 590.9 -> 111.8 / 94.4 / 129.7 / 514.8 us
+(485 -> 373 tasks at T=192); the join alone, with the products split by K as before, 147.9
+us; the single product alone 142.3.  ``partial`` differs from the split products' in FP32
+reassociation where K > 1,024 (FLASH; 2.5e-8 RMS from the golden at T=8 TP4, as before),
+and is the same bits where K <= 1,024 (TINY).  The join tile is ``JOIN_W`` columns wide
+(256: 137.4 us, 1,024: 136.4; 2,048 does not fit the UB).
 
 Compile grows with the row tile up to ``ROW_TILE``: the row tile follows the launch's
 tokens because the cost model charges whole tiles and every extra task.  Measured
@@ -63,7 +79,8 @@ wo_a          (groups * o_lora_rank, o_group_in)  bfloat16  in
 wo_b          (hidden, K)                     uint8     in   (E4M3 codes)
 wo_b_scale    (hidden / 32, K / 32)           uint8     in   (E8M0 codes)
 partial       (tokens, hidden)                float32   out
-lat_mx        (tokens, K)                     bfloat16  out  (scratch: MX(latent))
+lat_mx        (tokens, K)                     bfloat16  out  (scratch: MX(latent), joined)
+lat_pre       (tokens, K)                     bfloat16  out  (scratch: MX(latent) pieces)
 ============  ==============================  ========  =====
 
 ``tokens`` (>= 1) is a dynamic axis; ``tp`` from ``case["tp"]`` (default 1).
@@ -82,7 +99,8 @@ WO_A_N = 128  # latent columns per wo_a product
 ROPE_ROWS = 192  # rows per vector tile of the inverse RoPE (the whole row tile)
 LAT_ROWS = 8  # an MX-activation subgraph takes LAT_ROWS * lora latent elements
 LAT_MIN_W = 128  # fewest columns of a latent MX piece (unless that leaves one piece a group)
-ADD_ROWS = 96  # rows per vector tile of the K-partial adds ([96, 256] FP32: 96 KB)
+JOIN_W = 512  # columns per vector tile of the join ([96, 512] BF16: 96 KB)
+OUT_ROWS = 96  # rows per vector tile of a product's copy out
 
 VARIANTS = {
     "reference": "the contract",
@@ -101,6 +119,7 @@ ABI = (
     Arg("wo_b_scale", ("hidden_blocks", "latent_blocks"), "uint8", "in"),
     Arg("partial", ("tokens", "hidden"), "float32", "out"),
     Arg("lat_mx", ("tokens", "latent"), "bfloat16", "out"),
+    Arg("lat_pre", ("tokens", "latent"), "bfloat16", "out"),
 )
 
 
@@ -141,7 +160,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     nope, heads_per_group = hd - rd, gi // hd
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
     cube_a = cube_tiles(rows, gi, WO_A_N, 2)  # BF16 operands: RoPE and wo_a products
-    cube_b = cube_tiles(rows, mx_linear.k_chunk(k), N_TILE, 2)  # wo_b products
+    cube_b = cube_tiles(rows, k, N_TILE, 2)  # wo_b products: all of K in one
     inverse = variant != "forward_rope"
     skip_quant = variant == "skip_act_quant"
     scale_up = variant == "wo_b_scale_up"
@@ -158,6 +177,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         wo_b_scale: pypto.Tensor([hidden // 32, k // 32], pypto.DT_UINT8),
         partial: pypto.Tensor([tokens_dim, hidden], pypto.DT_FP32),
         lat_mx: pypto.Tensor([d["tokens"], k], pypto.DT_BF16),  # static rows: order_audit
+        lat_pre: pypto.Tensor([tokens_dim, k], pypto.DT_BF16),
     ):
         tokens = attn_out.shape[0]
         pypto.set_cube_tile_shapes(*cube_a)
@@ -184,8 +204,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                valid_shape=[valid, gi])
                 lat = pypto.matmul(o, pypto.view(wo_a, [lora, gi], [g * lora, 0]),
                                    pypto.DT_FP32, b_trans=True)  # [rows, lora]
-                _latent_out(pypto, lat, lat_mx, start, g * lora, rows, valid, lora,
+                _latent_out(pypto, lat, lat_pre, start, g * lora, rows, valid, lora,
                             skip_quant=skip_quant)
+            _join(pypto, lat_pre, lat_mx, start, rows, valid, k)
         pypto.set_cube_tile_shapes(*cube_b)
         for nt in pypto.loop(hidden // N_TILE, name="O_WO_B", idx_name="nt"):
             wt = mx_linear.mx_weight_tile_bf16(pypto, wo_b, wo_b_scale, nt * N_TILE, 0, N_TILE,
@@ -200,17 +221,15 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
 
 
 def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant):
-    """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` for one group's FP32 ``[rows,
+    """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` (``lat_pre`` in the kernel: the
+    join reads it in the same root function) for one group's FP32 ``[rows,
     lora]`` latent, in column pieces of ``LAT_ROWS * lora / rows`` columns, at least
     ``LAT_MIN_W`` and at most ``lora / 2`` (a multiple of 32 dividing ``lora``, so the MX
     groups are the same): each piece's casts, MXFP8 activation and copy out as one
     subgraph on one tile.  Column pieces, not row pieces: pypto 0.2.0 tracks the dynamic
-    ``tokens`` rows of ``lat_mx`` as one cell per static column block, so the products
-    would wait for the last row piece of a column block only, while each column piece is
-    a cell of its own (FLASH TP4 T=4 / 192: 94.0 / 134.9 -> 95.9 / 175.3 us).  Past one row
-    tile the row pieces of different tiles are one cell too: ``lat_mx`` has static rows
-    (the case's tokens), tracked per written tile, so each product waits for its own row
-    tile (``harness.order_audit`` at TINY T=384, FLASH TP4 T=192 / 384 / 1024)."""
+    ``tokens`` rows as one cell per static column block, so a reader would wait for the
+    last row piece of a column block only, while each column piece is a cell of its own
+    (FLASH TP4 T=4 / 192: 94.0 / 134.9 -> 95.9 / 175.3 us)."""
     w = mx_linear.k_chunk(lora, min(max(LAT_MIN_W, LAT_ROWS * lora // rows), lora // 2))
     for c0 in range(0, lora, w):  # unrolled at trace time
         with one_subgraph(pypto):
@@ -223,15 +242,24 @@ def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant
             mx_linear.assemble_rows(pypto, xq, lat_mx, start, col + c0, rows, valid, w)
 
 
-def _rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k, out, col):
-    """``out[start:, col : col + n] = a[start:] @ w_tile^T`` in FP32 (the
-    :func:`v41.mx_linear.k_partials` added in K order), the adds and the copy out as one
-    subgraph of ``ADD_ROWS``-row tiles."""
-    mms = list(mx_linear.k_partials(pypto, a, start, rows, valid, w_tile, n, k))
+def _join(pypto, src, dst, start, rows, valid, k):
+    """``dst[start : start + valid] = src[start : start + valid] * 1.0`` (exact) as ONE task
+    that waits for every piece of the row tile.  ``dst`` (``lat_mx``) has static rows (the
+    case's tokens), tracked per written tile, so each ``wo_b`` product, in a later root
+    function, waits for its own row tile's join (``harness.order_audit`` at TINY T=384,
+    FLASH TP4 T=192 / 384 / 1024)."""
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(min(rows, ADD_ROWS), n)
-        acc = mms[0]
-        for mm in mms[1:]:
-            acc = pypto.add(acc, mm)
-        pypto.assemble(pypto.view(acc, [rows, n], [0, 0], valid_shape=[valid, n]),
-                       [start, col], out)
+        pypto.set_vec_tile_shapes(rows, JOIN_W)
+        v = pypto.mul(pypto.view(src, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
+        pypto.assemble(v, [start, 0], dst)
+
+
+def _rows_times_tile(pypto, a, start, rows, valid, w_tile, n, k, out, col):
+    """``out[start:, col : col + n] = a[start:] @ w_tile^T`` in FP32: ONE cube product over
+    all of K (the cube accumulates its L1 K tiles in K order) written by the product
+    itself."""
+    pypto.set_vec_tile_shapes(min(rows, 16), mx_linear.k_chunk(k))
+    av = pypto.view(a, [rows, k], [start, 0], valid_shape=[valid, k])
+    mm = pypto.matmul(av, w_tile, pypto.DT_FP32, b_trans=True)
+    pypto.set_vec_tile_shapes(min(rows, OUT_ROWS), n)
+    pypto.assemble(mm, [start, col], out)  # mm keeps av's valid rows

@@ -124,6 +124,8 @@ def kernel_sut(variant: str = "reference", chunk: int = A5SIM_CHUNK,
                 part["partial"] = torch.full((n, hidden), SENTINEL, dtype=torch.float32)
                 part["lat_mx"] = torch.full((n, args["wo_b"].shape[1]), SENTINEL,
                                             dtype=torch.bfloat16)  # kernel scratch
+                part["lat_pre"] = torch.full((n, args["wo_b"].shape[1]), SENTINEL,
+                                             dtype=torch.bfloat16)  # kernel scratch
                 result = platform.launch(program, rank, part)
                 result.raise_for_error()
                 partials[rank, t0:t0 + n] = result.outputs["partial"]
