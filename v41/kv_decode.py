@@ -59,7 +59,9 @@ def group_rows(group: int) -> int:
 
 def slot_constants(pypto, keys, groups):
     """INT32 ``[keys * groups]``: the key of each slot of a ``keys``-row gather, an index
-    the gathers read from global memory (build once, before the loops)."""
+    the gathers read from global memory.  Built before the loops it has an edge to every
+    reading task, resolved one at a time; ``sparse_attention`` and ``paged_indexer`` build
+    it in the reading task."""
     pypto.set_vec_tile_shapes(min(keys * groups, TILE_ELEMS))
     iota = pypto.arange(0.0, float(keys * groups), 1.0)
     return pypto.cast(pypto.floor(pypto.mul(pypto.add(iota, 0.5), 1.0 / groups)),
@@ -70,7 +72,8 @@ def nibble_constants(pypto, group):
     """``(byte_of, offset)`` of the FP4 decode of ``group``-element groups: INT32
     ``[group]`` = ``k // 2`` (element ``k``'s byte) and FP32 ``[1, group]`` = ``128`` for even
     ``k`` (low nibble) and ``128 + 384`` for odd ``k``: the entry of element ``k`` in
-    :func:`nibble_table` is ``byte + offset``.  Build once, before the loops."""
+    :func:`nibble_table` is ``byte + offset``.  (As :func:`slot_constants`: built in the
+    reading task where the launch has many.)"""
     pypto.set_vec_tile_shapes(group)
     col = pypto.arange(0.0, float(group), 1.0)
     byte_of = pypto.floor(pypto.mul(col, 0.5))

@@ -19,14 +19,14 @@ Kernel algorithm (per token, all local heads at once):
   (parts of ``KEY_TILE`` = 512, or fewer when the token has fewer).  Each part's rows are
   gathered by physical row id and decoded to BF16 (window: E4M3 x E8M0 per 32, compressed:
   packed E2M1 pairs, low nibble first, x E4M3 per 16; exact), the steps of
-  :mod:`v41.kv_decode` in another layout: one unforced task per part gathers the scale
-  bytes (one scale group a slot) and computes the scale values in 1-D tiles; the decode,
-  one subgraph, reads whole cache rows in ``[32, d]`` tiles of whole keys, looks each code
-  up in the value table (index ``code + 128``, INT16) and multiplies it by its group's
-  scale, gathered from the part's scale values in global memory at a constant
-  ``[keys, d]`` index (:func:`scale_index`).  A -1 id reads row 0 (a -1 index aborts the
-  interpreter's gather) and is masked below.  The FP8/FP4 dtypes are not used: the
-  interpreter misdecodes FP8 exponent 15 and has no FP4.
+  :mod:`v41.kv_decode` in another layout: unforced steps gather the scale bytes (one scale
+  group a slot; the parts' same-structure steps share one task); the decode, one subgraph,
+  computes the scale values in 1-D tiles, reads whole cache rows in ``[32, d]`` tiles of
+  whole keys, looks each code up in the value table (index ``code + 128``, INT16) and
+  multiplies it by its group's scale, gathered from the part's scale values in global
+  memory at a constant ``[keys, d]`` index (:func:`scale_index`).  A -1 id reads row 0
+  (a -1 index aborts the interpreter's gather) and is masked below.  The FP8/FP4 dtypes
+  are not used: the interpreter misdecodes FP8 exponent 15 and has no FP4.
 * logits ``Q.K^T`` BF16 x BF16 -> FP32 on the cube, one product per part (per block of
   :func:`_pv_key_tile` keys in a larger part), times ``softmax_scale``; keys with a -1
   index get an FP32 bias ``(clip(idx+1, 0, 1) - 1) * 1e30`` (a sign test, exact for
@@ -100,6 +100,24 @@ and the index goes to global memory in half the copies; with three tokens an ite
 past two waves, T=192 255.7 us (the cube then ~85 % busy from the middle of the launch on,
 its ready queue 20-70 tasks deep: the AICPU's dispatch bounds it).  Outputs bit for bit the
 same.
+
+The constants built once before the loops each had an edge to one task of every iteration,
+and the AICPU resolves a finished task's edges one at a time (390 cycles each) on the
+AICPU that ran it: at FLASH TP4 T=192 the slot keys' task (130 edges, 50.7 k cycles) and
+the nibble table's and nibble offsets' tasks (64 + 128 edges, 75 k cycles, on the same
+AICPU as the E4M3 table's 64) released the scale tasks over 17 k-68 k cycles and the
+compressed decodes over 68 k-118 k.  Those three are now built in the tasks that read them
+(:func:`_scale_bytes`, :func:`_fp4_keys`; a few hundred cycles a task), and the scale
+values are computed in the decode's subgraph (:func:`_scale_values`), so the window's and
+the compressed part's scale-byte steps share one task: 11 -> 9 tasks per 3 tokens, FLASH
+TP4 T=192 255.7 -> 232.3 us (709 -> 579 tasks; T=200 331.2 -> 299.4 us, T=48 116.9 ->
+98.0 us, T=4 73.3 -> 63.3 us, TINY gate 41.1 / 43.1 / 43.0 -> 33.0 / 39.3 / 35.7 us).  The
+E4M3 table stays before the loops (built in the window decode: 232.6 us).  What bounds it
+now: the compressed decode (26.5 k cycles a token) is bound by its copies out of UB (the
+BF16 keys in ``[32, d]`` tiles, the INT16 table index and the packed bytes go through
+global memory for their gathers); the cube reads every decoded key twice (the logits and
+``P.V``), 6.5 M cycles over 28 cores, 82 % busy from a third of the launch on.  Outputs bit
+for bit the same.
 
 Measured limit of that bound: with uniformly random E4M3 codes (log-uniform magnitudes)
 a row's peak is ~16x its RMS, so one BF16 ulp of the output (a rounding flip caused by the
@@ -391,28 +409,37 @@ def _key_rows(keys, d):
     return max(1, min(keys, kv_decode.TILE_ELEMS // d))
 
 
-def _scale_values(pypto, ids, keys, groups, key_of, scales, fp32_rows, e4m3):
-    """``(safe, scale)``: INT32 ``[keys]`` row ids ``max(id, 0)`` (the cache row each key
-    reads; -1 reads row 0 and is masked by the caller) and FP32 ``[keys * groups]`` each
-    group's scale value (E8M0 power or, with ``e4m3``, E4M3 value) from the 1-D gather of
-    the flat scale table at the slots of :func:`v41.kv_decode.scale_bytes`, outside the
-    decode's forced subgraph (whose pitfalls that function names).  The decode gathers the
-    values from global memory, so nothing is reshaped on chip."""
+def _scale_bytes(pypto, ids, keys, groups, scales, fp32_rows):
+    """``(safe, codes)``: INT32 ``[keys]`` row ids ``max(id, 0)`` (the cache row each key
+    reads; -1 reads row 0 and is masked by the caller) and uint8 ``[keys * groups]`` each
+    group's scale byte from the 1-D gather of the flat scale table at the slots of
+    :func:`v41.kv_decode.scale_bytes`, outside the decode's forced subgraph (whose pitfalls
+    that function names).  The slots' key index (:func:`v41.kv_decode.slot_constants`) is
+    built here, in the token's task: built once before the loops, its task had an edge to
+    every scale task of the launch, resolved one at a time (see the module docstring).
+    At FLASH the window's and the compressed part's steps have one structure and share a
+    task."""
     n = keys * groups
+    key_of = kv_decode.slot_constants(pypto, keys, groups)
     if keys < SHARED_ROWS_KEYS:
         _, sc = kv_decode.scale_bytes(pypto, ids, keys, groups, key_of, scales, fp32_rows)
-        safe = None
-    else:  # the same slots, with the row ids kept for the payload gather
-        safe, slot = kv_decode.group_slots(pypto, ids, keys, groups, key_of, fp32_rows,
-                                           min(n, 2 * kv_decode.TILE_ELEMS))
-        sc = pypto.index_select(scales, 0, slot)
-    pypto.set_vec_tile_shapes(min(n, SCALE_TILE))
-    sv = (mx_decode.e4m3_values(pypto, mx_decode.unsigned_codes(pypto, sc)) if e4m3
-          else mx_decode.e8m0_pow2(pypto, sc))
-    if safe is None:
         pypto.set_vec_tile_shapes(1, keys)
-        safe = pypto.reshape(pypto.maximum(ids, 0), [keys])
-    return safe, sv
+        return pypto.reshape(pypto.maximum(ids, 0), [keys]), sc
+    # the same slots, with the row ids kept for the payload gather
+    safe, slot = kv_decode.group_slots(pypto, ids, keys, groups, key_of, fp32_rows,
+                                       min(n, 2 * kv_decode.TILE_ELEMS))
+    return safe, pypto.index_select(scales, 0, slot)
+
+
+def _scale_values(pypto, sc, e4m3):
+    """FP32 each group's scale value of the scale bytes ``sc [n]`` (E8M0 power or, with
+    ``e4m3``, E4M3 value), in the decode's subgraph: the decode gathers them from global
+    memory, so nothing is reshaped on chip.  (A task of their own after the scale bytes
+    before: FLASH TP4 T=192 246.9 -> 242.8 us for the compressed part's, 232.3 us with the
+    window's too.)"""
+    pypto.set_vec_tile_shapes(min(sc.shape[0], SCALE_TILE))
+    return (mx_decode.e4m3_values(pypto, mx_decode.unsigned_codes(pypto, sc)) if e4m3
+            else mx_decode.e8m0_pow2(pypto, sc))
 
 
 def _lookup(pypto, table, idx, keys, d, sv, sidx):
@@ -426,7 +453,7 @@ def _lookup(pypto, table, idx, keys, d, sv, sidx):
     return pypto.cast(val, pypto.DT_BF16)
 
 
-def _window_keys(pypto, ids, payload, scales, table, key_of, sidx, keys, d, group, *,
+def _window_keys(pypto, ids, payload, scales, table, sidx, keys, d, group, *,
                  fp32_rows=False):
     """BF16 ``[keys, d]``: the MXFP8 window rows named by INT32 ``ids [1, keys]`` (-1: row 0
     is read; the caller masks it), as :func:`v41.kv_decode.window_keys` computes them, but
@@ -434,29 +461,36 @@ def _window_keys(pypto, ids, payload, scales, table, key_of, sidx, keys, d, grou
     each element's E8M0 scale gathered from the part's scale values at ``sidx`` (no
     reshape between the tiles and the ``[keys, d]`` result)."""
     g = d // group
-    safe, sv = _scale_values(pypto, ids, keys, g, key_of, scales, fp32_rows, False)
+    safe, sc = _scale_bytes(pypto, ids, keys, g, scales, fp32_rows)
     with one_subgraph(pypto):
+        sv = _scale_values(pypto, sc, False)
         pypto.set_vec_tile_shapes(_key_rows(keys, d), d)
         codes = pypto.cast(pypto.index_select(payload, 0, safe), pypto.DT_FP32)
         idx = pypto.cast(pypto.add(codes, 128.0), _index_dtype(pypto))
         return _lookup(pypto, table, idx, keys, d, sv, sidx)
 
 
-def _fp4_keys(pypto, ids, payload, scales, table, key_of, sidx, nibbles, keys, d, group, *,
+def _fp4_keys(pypto, ids, payload, scales, sidx, keys, d, group, *, high_first=False,
               scale_e8m0=False, fp32_rows=False, wide=False):
     """BF16 ``[keys, d]``: the MXFP4 rows named by INT32 ``ids [1, keys]``, as
     :func:`v41.kv_decode.fp4_keys` computes them, in ``[rows, d]`` tiles of whole keys:
-    ``payload`` uint8 ``[cache rows, d/2]`` packed E2M1 pairs, ``nibbles`` the byte column
-    and the INT16 table offset of :func:`v41.kv_decode.nibble_constants` for ``d``
-    columns.  The table index ``byte + offset`` (below 768) is INT16 arithmetic: no FP32
-    tile on the way, so with ``wide`` its tiles take twice the rows (the index goes through
-    global memory for the gather, and the cost model charges each copy-out 300 cycles
-    plus its bytes: a pair's decode 61.7 k -> 54.4 k cycles).  One token's tiles stay
-    narrow (FLASH TP4 T=48 116.9 us; wide 120.3 us)."""
+    ``payload`` uint8 ``[cache rows, d/2]`` packed E2M1 pairs; the table of
+    :func:`v41.kv_decode.nibble_table` (``high_first``: the swapped one) and the byte column
+    and INT16 table offset of :func:`v41.kv_decode.nibble_constants` for ``d`` columns are
+    built in the decode's task (see the module docstring: built before the loops, their
+    edges held back the decodes).  The table index ``byte + offset`` (below 768) is INT16
+    arithmetic: no FP32 tile on the way, so with ``wide`` its tiles take twice the rows
+    (the index goes through global memory for the gather, and the cost model charges each
+    copy-out 300 cycles plus its bytes: a pair's decode 61.7 k -> 54.4 k cycles).  One
+    token's tiles stay narrow (FLASH TP4 T=48 116.9 us; wide 120.3 us)."""
     g = d // group
-    byte_of, offset = nibbles
-    safe, sv = _scale_values(pypto, ids, keys, g, key_of, scales, fp32_rows, not scale_e8m0)
+    safe, sc = _scale_bytes(pypto, ids, keys, g, scales, fp32_rows)
     with one_subgraph(pypto):
+        sv = _scale_values(pypto, sc, not scale_e8m0)
+        table = kv_decode.nibble_table(pypto, high_first=high_first)
+        byte_of, offset = kv_decode.nibble_constants(pypto, d)
+        pypto.set_vec_tile_shapes(1, d)
+        offset = pypto.cast(offset, _index_dtype(pypto))  # 128 / 512: exact
         pypto.set_vec_tile_shapes(min(keys, (1 + wide) * _key_rows(keys, d)), d)
         packed = pypto.index_select(payload, 0, safe)  # [keys, d/2]
         b = pypto.cast(pypto.index_select(packed, 1, byte_of), _index_dtype(pypto))  # [keys, d]
@@ -470,19 +504,19 @@ def _token(pypto, t, q, sink, win, comp, out, o, wide=False):
     the wide index tiles of :func:`_fp4_keys`)."""
     h, d = o["h"], o["d"]
     qt = pypto.view(q, [h, d], [t * h, 0])  # q: a [tokens * h, d] GM view
-    indices, payload, scales, key_of, rows_c, piece, keys = win
+    indices, payload, scales, rows_c, piece, keys = win
     parts = []
     for j in range(keys // piece):  # unrolled at trace time
         ids = pypto.view(indices, [1, piece], [t, j * piece])
-        parts.append((_window_keys(pypto, ids, payload, scales, o["e4m3"], key_of, rows_c,
-                                   piece, d, o["wgroup"], fp32_rows=o["fp32_rows"]), ids))
+        parts.append((_window_keys(pypto, ids, payload, scales, o["e4m3"], rows_c, piece, d,
+                                   o["wgroup"], fp32_rows=o["fp32_rows"]), ids))
     if comp is not None:
-        cindices, cpayload, cscales, ckey_of, crows_c, nibbles, cpiece, ckeys = comp
+        cindices, cpayload, cscales, crows_c, cpiece, ckeys = comp
         for c in range(ckeys // cpiece):  # unrolled at trace time
             ids = pypto.view(cindices, [1, cpiece], [t, c * cpiece])
             parts.append((_fp4_keys(
-                pypto, ids, cpayload, cscales, o["nib"], ckey_of, crows_c, nibbles,
-                cpiece, d, o["cgroup"], scale_e8m0=o["scale_e8m0"],
+                pypto, ids, cpayload, cscales, crows_c, cpiece, d, o["cgroup"],
+                high_first=o["high_first"], scale_e8m0=o["scale_e8m0"],
                 fp32_rows=o["fp32_rows"], wide=wide), ids))
     prods, mx, l_run = _softmax_pv(pypto, qt, parts, sink, h, d, o)
     _output(pypto, t, prods, mx, l_run, sink, out, h, d, o)
@@ -534,19 +568,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         cscales = pypto.reshape(compressed_kv_scale, [crows * cg], inplace=True)
         sink = pypto.reshape(attn_sink, [h, 1], inplace=True)
         q2 = pypto.reshape(q, [tokens * h, d], inplace=True)
-        key_of = kv_decode.slot_constants(pypto, tile, g)
-        ckey_of = kv_decode.slot_constants(pypto, ctile, cg)
-        byte_of, offset = kv_decode.nibble_constants(pypto, d)
-        pypto.set_vec_tile_shapes(1, d)
-        nibbles = (byte_of, pypto.cast(offset, _index_dtype(pypto)))  # 128 / 512: exact
         opts = dict(h=h, d=d, scale=scale, mask=mask, use_sink=use_sink,
                     sink_num=sink_num, fp32_rows=fp32_rows, wgroup=wgroup, cgroup=cgroup,
                     scale_e8m0=scale_e8m0, e4m3=mx_decode.e4m3_table(pypto),
-                    nib=kv_decode.nibble_table(pypto, high_first=high_first))
+                    high_first=high_first)
         rows_c = scale_index(pypto, tile, d, wgroup)
         crows_c = scale_index(pypto, ctile, d, cgroup)
-        win = (indices, payload, scales, key_of, rows_c, tile, keys)
-        comp = (compressed_indices, cpayload, cscales, ckey_of, crows_c, nibbles, ctile, ckeys)
+        win = (indices, payload, scales, rows_c, tile, keys)
+        comp = (compressed_indices, cpayload, cscales, crows_c, ctile, ckeys)
         comp = comp if use_compressed else None
         # k3 iterations of 3 tokens, k2 of 2, then one token an iteration: as few tokens an
         # iteration as keep the iterations within one wave of the vector cores (pairs past
