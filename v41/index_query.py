@@ -45,7 +45,14 @@ launch, at most 128 per stitched submission): T=512 (500 active) 303.5 -> 403.7 
 312.9 -> 420.6 us; built for more tokens than one row tile, the kernel unrolls the column
 blocks in the row iteration instead: 403.7 -> 283.3 us, 420.6 -> 259.8, T=384 272.9 ->
 260.9 (unrolled in a one-tile launch: T=192 (190 active) 144.0 -> 164.0 us, the vector
-merge pairing the unrolled blocks, 432 -> 422 tasks).
+merge pairing the unrolled blocks, 432 -> 422 tasks).  A one-tile launch of more than
+``CLONE_ROWS`` rows has each head copy the ``MX(qr)`` join tile first
+(:func:`v41.rope_heads.project_heads_tile`'s ``clone_rows``; the join's three tasks had
+321 / 225 / 129 successor edges, the head products waiting for their serial resolve):
+T=192 136.5 -> 132.1 us (383 -> 447 tasks), (190 active) 144.0 -> 137.2.  Copies in every
+launch: T=4 / 48 84.4 / 85.9 -> 86.9 / 88.4 us, T=512 (500 active) 291.7 -> 326.1, T=384
+260.9 -> 205.6 (not taken: the 500-row launch).  Tried: each head its own E4M3 table 143.0
+us; each head its own rope constants 189.6 us.
 
 ABI
 ---
@@ -77,7 +84,7 @@ import struct
 from v41 import mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import column_block, mx_row_tile, project_heads_tile
+from v41.rope_heads import CLONE_ROWS, column_block, mx_row_tile, project_heads_tile
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -175,6 +182,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     # several row tiles: the MX(qr) blocks unrolled in the row iteration (fewer root
     # functions per stitched submission); one: the nested loop IQ_QRQ
     mx_loop = None if d["tokens"] > rows else "IQ_QRQ"
+    # one row tile of several join-copy tiles: each head copies the join tile first
+    clone = mx_loop is not None and rows > CLONE_ROWS
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")
@@ -229,6 +238,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
             project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
                                rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
-                               tile_rows=HEAD_TILE_ROWS)
+                               tile_rows=HEAD_TILE_ROWS, clone_rows=clone)
 
     return index_query

@@ -15,15 +15,17 @@ iteration for a decode launch), each iteration in the order of its data:
   into the scratch output ``xq`` (:func:`v41.rope_heads.mx_rows`; a kernel built for
   several row tiles unrolls the blocks in the row iteration, here and in ``QKV_QR``);
 * nested loops ``QKV_WQA`` / ``QKV_WKV``: one ``N_TILE``-row weight tile decoded per
-  iteration and applied to the tile's rows of ``xq`` (each K view waits for the writers of
-  its column blocks), the BF16 product written to the scratch ``qa`` / ``kva`` as one task
-  per column block (:func:`project_tile`);
+  iteration (from the iteration's own E4M3 table in a large row tile) and applied to the
+  tile's rows of ``xq`` (each K view waits for the writers of its column blocks), the BF16
+  product written to the scratch ``qa`` / ``kva`` as one task per column block
+  (:func:`project_tile`);
 * ``qr = [RMSNorm(qa)]`` and ``MX(qr)`` to the scratch ``qrq``: the rows' norm factor, then
   the nested loop ``QKV_QR`` over column blocks, each ONE task, then one join copy
   (:func:`normalize_q_tile`); ``kv = [RoPE([RMSNorm(kva)])]``;
 * nested loop ``QKV_HEADS`` (:func:`v41.rope_heads.project_heads_tile`): each head copies
-  the ``MX(qr)`` join tile, decodes its ``wq_b`` tiles and writes ``q`` (RoPE on the
-  head's last tile, which holds its whole rope tail).
+  the ``MX(qr)`` join tile, builds its own E4M3 table (large row tiles), decodes its
+  ``wq_b`` tiles and writes ``q`` (RoPE on the head's last tile, which holds its whole rope
+  tail).
 
 Ordering (pypto 0.2.0, :mod:`v41.order`): a root function (loop iteration) reading rows a
 previous one wrote gets an edge from the last writer of each static-dim cell only, and
@@ -48,10 +50,18 @@ pieces unrolled at trace time (compile CPU T=192 22.8 -> ~4 s, flat in T): ~344 
 193.9 -> 210.9, T=48 217.7 -> 210.2; T=1024, six row tiles, ~1,290 -> 1,566 us: each row tile
 adds its nested loops' root functions to the launch, at most 128 per stitched submission;
 with the blocks unrolled when built for several row tiles, T=1024 1,566 -> 1,181 us, T=384
-693.2 -> 458.2). Tried on the earlier schedule: merging 4 subgraphs
-(456 us); the sum and cast of each head tile's K-chunk products as one task (331 us);
-stitching 256 or 512 functions (the simulator crashes); ``[320, 32]`` MX tiles (simulation
-error).
+693.2 -> 458.2). In row tiles of more than ``CLONE_ROWS`` rows each ``QKV_WQA`` /
+``QKV_WKV`` iteration and each head build their own E4M3 table instead of one table per
+row tile with 12 / 33 successor edges (the AICPU resolved them before dispatching the
+weight decodes): T=192 344.2 -> 319.6 us (T=384 458.2 -> 464.4; 12 + 16 tasks more); in
+smaller row tiles the extra tasks cost more than the edges (T=4 210.9 -> 209.0, T=48 210.2
+-> 216.7, TINY T=9 TP4 57.5 -> 59.5), so they keep one table.  Tried:
+96-row tiles at T=192 (two row tiles, every weight decoded twice) 365.1 us; 64-row
+``wq_a`` / ``wkv`` weight tiles with 32-channel ``MX(qr)`` blocks 394.6 us (no core busy
+for 129 k cycles while the 32 blocks' edges resolved).  Tried on the earlier schedule:
+merging 4 subgraphs (456 us); the sum and cast of each head tile's K-chunk products as one
+task (331 us); stitching 256 or 512 functions (the simulator crashes); ``[320, 32]`` MX
+tiles (simulation error).
 
 MXFP8 weights arrive as uint8 E4M3 codes with uint8 E8M0 32x32 block scales and are
 decoded inside the kernel one ``[N_TILE, K]`` tile at a time (:mod:`v41.mx_linear`);
@@ -230,12 +240,15 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
 def project_tile(pypto, a, w, ws, out, start, rows, valid, n, k, table, name):
     """``out[start : start + valid] = [a @ W^T]`` (BF16) for one row tile ``a [rows, k]`` of
     MX activations: a ``pypto.loop`` over ``N_TILE``-row weight tiles, each decoded in its
-    iteration and applied to the tile, its BF16 columns written by ONE task (a reader after
+    iteration (``table`` None: with the iteration's own E4M3 table, one small task with one
+    successor) and applied to the tile, its BF16 columns written by ONE task (a reader after
     the loop gets an edge from each column block's writer; row pieces would leave all but
     the last piece unordered)."""
     width = mx_linear.tile_width(n, N_TILE)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
-        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k, table=table)
+        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k,
+                                           table=(mx_decode.e4m3_table(pypto) if table is None
+                                                  else table))
         y = tile_product(pypto, a, start, rows, valid, wt, width, k, SUM_TILE_ROWS)
         store_columns(pypto, y, out, start, nt * width, rows, valid, width)
 
@@ -269,6 +282,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     rows = row_tile(d["tokens"], ROW_TILE, rows_per_tile)
     mx_cols = column_block(hidden, rows, MX_ELEMS, MX_COLS)
     multi = d["tokens"] > rows  # several row tiles: the MX column blocks unrolled
+    own_tables = rows > CLONE_ROWS  # each weight loop iteration builds its E4M3 table
     cube = cube_tiles(rows, mx_linear.k_chunk(hidden), N_TILE, 2)  # BF16 operands
     inverse = variant == "inverse_rope"
     q_norm_on = variant != "no_q_norm"
@@ -307,11 +321,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             # MX(x) of the row tile (also to the scratch xq), then [MX(x) @ wq_a^T] and
             # [MX(x) @ wkv^T] into the scratch qa / kva
             mx_rows(pypto, x, xq, start, rows, valid, mx_cols, None if multi else "QKV_XQ")
-            table = mx_decode.e4m3_table(pypto)
-            project_tile(pypto, xq, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden, table,
-                         "QKV_WQA")
-            project_tile(pypto, xq, wkv, wkv_scale, kva, start, rows, valid, hd, hidden, table,
-                         "QKV_WKV")
+            table = None if own_tables else mx_decode.e4m3_table(pypto)
+            project_tile(pypto, xq, wq_a, wq_a_scale, qa, start, rows, valid, ql, hidden,
+                         table, "QKV_WQA")
+            project_tile(pypto, xq, wkv, wkv_scale, kva, start, rows, valid, hd, hidden,
+                         table, "QKV_WKV")
             # qr = [RMSNorm(qa)], then MX(qr) for the wq_b products
             qra = normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps,
                                    q_norm_on, None if multi else "QKV_QR")
@@ -328,6 +342,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             # q_h = [RoPE([MX(qr) @ wq_b_h^T])]: each head's tiles decoded in its iteration
             project_heads_tile(pypto, qra, wq_b, wq_b_scale, q, start, rows, valid, heads, hd,
                                ql, rope_cos, rope_sin, factors, rd, N_TILE, "QKV_HEADS",
-                               tile_rows=SUM_TILE_ROWS, scale_up=scale_up, clone_rows=True)
+                               tile_rows=SUM_TILE_ROWS, scale_up=scale_up, clone_rows=True,
+                               head_table=own_tables)
 
     return qkv_proj_rope

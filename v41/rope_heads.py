@@ -129,7 +129,7 @@ def head_rows(pypto, a, wts, out, start, rows, valid, h, head_dim, k, rope_cos, 
 
 def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, head_dim, k,
                        rope_cos, rope_sin, factors, rope_dim, n_tile, name, *, tile_rows=None,
-                       scale_up=False, clone_rows=False):
+                       scale_up=False, clone_rows=False, head_table=False):
     """``out[start : start + valid, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head
     ``h`` of the FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32
     scales; ``scale_up``: every block scale one binade too large, a wrong variant) over ONE
@@ -143,13 +143,18 @@ def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, hea
     sums, the BF16 cast, the rope tail, the stores); None keeps 16-row sums, 8-row casts
     and 16-row rope tiles.  ``clone_rows``: each head first copies ``a`` (times 1.0, exact)
     and its products read the copy, so ``a``'s writers resolve one successor edge per head
-    and copy tile instead of one per product task (each ~390 AICPU cycles, serial)."""
+    and copy tile instead of one per product task (each ~390 AICPU cycles, serial).
+    ``head_table``: each head builds its own E4M3 table (:func:`v41.mx_decode.e4m3_table`,
+    one small task whose successors are that head's decodes) instead of one table before
+    the loop with every head's decodes as successors."""
     width = mx_linear.tile_width(head_dim, n_tile)
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
-    table = mx_decode.e4m3_table(pypto)
+    table = None if head_table else mx_decode.e4m3_table(pypto)
     for h in pypto.loop(heads, name=name, idx_name="h"):
+        if head_table:
+            table = mx_decode.e4m3_table(pypto)
         wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
                                              width, k, scale_up=scale_up, table=table)
                for c in range(head_dim // width)]
