@@ -146,8 +146,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
           rows_per_tile: int | None = None,
           runtime_options: dict | None = None):
     """The jit kernel ``o_proj(attn_out, rope_cos, rope_sin, wo_a, wo_b, wo_b_scale,
-    partial, lat_mx)``: one rank's FP32 partial of the output projection (``lat_mx`` is
-    scratch)."""
+    partial, lat_mx, lat_pre)``: one rank's FP32 partial of the output projection
+    (``lat_mx`` and ``lat_pre`` are scratch)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} is not one of {sorted(VARIANTS)}")
     import pypto  # noqa: PLC0415  (deferred: the platform picks the pypto build)
@@ -220,8 +220,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     return o_proj
 
 
-def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant):
-    """``lat_mx[start:, col : col + lora] = MX(bf16(lat))`` (``lat_pre`` in the kernel: the
+def _latent_out(pypto, lat, dst, start, col, rows, valid, lora, *, skip_quant):
+    """``dst[start:, col : col + lora] = MX(bf16(lat))`` (``lat_pre`` in the kernel: the
     join reads it in the same root function) for one group's FP32 ``[rows,
     lora]`` latent, in column pieces of ``LAT_ROWS * lora / rows`` columns, at least
     ``LAT_MIN_W`` and at most ``lora / 2`` (a multiple of 32 dividing ``lora``, so the MX
@@ -239,7 +239,7 @@ def _latent_out(pypto, lat, lat_mx, start, col, rows, valid, lora, *, skip_quant
             xq = mx_linear.mx_activation_bf16(pypto, lat32, rows, valid, w,
                                               skip_quant=skip_quant,
                                               group_tile_rows=rows * w // 32, vec_rows=rows)
-            mx_linear.assemble_rows(pypto, xq, lat_mx, start, col + c0, rows, valid, w)
+            mx_linear.assemble_rows(pypto, xq, dst, start, col + c0, rows, valid, w)
 
 
 def _join(pypto, src, dst, start, rows, valid, k):
