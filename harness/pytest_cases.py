@@ -52,12 +52,14 @@ _SHARED: dict[str, object] = {}  # platform name -> the platform shared_platform
 @contextlib.contextmanager
 def shared_platform(options: RunOptions):
     """While active, :func:`check_case` runs the kernel cases of ``options.platform`` on one
-    platform object (a5sim only: a card platform is per case, with the case's devices);
-    the platform is closed on exit."""
+    platform object (a5sim only: a card platform is per case, with the case's devices),
+    running the cost model only when ``options.cost_model``; the platform is closed on
+    exit."""
     if options.platform != "a5sim" or options.platform in _SHARED:
         yield
         return
-    platform = _SHARED[options.platform] = load_platform(options.platform)
+    platform = _SHARED[options.platform] = load_platform(options.platform,
+                                                         cost_model=options.cost_model)
     try:
         yield
     finally:

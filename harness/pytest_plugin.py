@@ -9,8 +9,12 @@ representative cases of the composed entries: items marked ``matrix`` (the rest 
 TINY matrix, :attr:`harness.registry.Entry.representative`) are deselected and the header
 says how many, so the default run stays within the CI budget; ``python -m harness run
 --all`` and any selecting run take every case.
-``--platform``, ``--device`` and ``--save-data`` configure the run and reach tests
-through the ``run_options`` fixture.  A ``--tp/--dp/--ep`` value the harness refuses is a
+``--platform``, ``--device``, ``--save-data`` and ``--cost-model`` configure the run and
+reach tests through the ``run_options`` fixture.  The a5sim case launches check numerics
+only unless ``--cost-model`` is given (or ``V41_A5SIM_COST_MODEL`` is set): a case asserts
+its outputs and cache bytes, never its estimate, and the cost model doubles a launch's
+time; the estimates are ``python -m harness.bench``'s (CI's ``--gate --check``) and the
+main job's.  A ``--tp/--dp/--ep`` value the harness refuses is a
 usage error (exit 4) with the harness's message.
 """
 
@@ -32,6 +36,7 @@ class RunOptions:
     save_data: str | None
     wiring: str
     preset: str | None
+    cost_model: bool = False  # a5sim case launches also run pypto's A5 cost model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +57,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--verify", default=None, choices=("tensor", "lowered"),
                 help="a5sim pass verification: tensor graph only (default) or also every "
                      "lowering pass (sets V41_VERIFY for this run and its workers)")
+    g.addoption("--cost-model", action="store_true",
+                help="also run pypto's A5 cost model on every a5sim case launch (default: "
+                     "numerics only, unless V41_A5SIM_COST_MODEL is set; the estimates are "
+                     "python -m harness.bench's)")
     g.addoption("--full-matrix", action="store_true",
                 help="also run the matrix-marked cases in a run that selects nothing itself")
 
@@ -130,11 +139,22 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 @pytest.fixture(scope="session")
 def run_options(pytestconfig: pytest.Config) -> RunOptions:
-    """The run's platform, allocated devices, save folder, wiring and preset filter."""
+    """The run's platform, allocated devices, save folder, wiring, preset filter and whether
+    a5sim case launches run the cost model."""
     return RunOptions(
         platform=pytestconfig.getoption("platform"),
         devices=_parse_devices(pytestconfig.getoption("device")),
         save_data=pytestconfig.getoption("save_data"),
         wiring=pytestconfig.getoption("wiring"),
         preset=pytestconfig.getoption("preset"),
+        cost_model=_cost_model(pytestconfig),
     )
+
+
+def _cost_model(config: pytest.Config) -> bool:
+    """``--cost-model``, else ``V41_A5SIM_COST_MODEL`` when set (its values checked by the
+    platform), else False."""
+    if config.getoption("cost_model"):
+        return True
+    from harness.platforms.a5sim import ENV_COST_MODEL, cost_model_from_env
+    return cost_model_from_env() if ENV_COST_MODEL in os.environ else False

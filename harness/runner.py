@@ -59,10 +59,14 @@ def sut_kind(label: str) -> str:
     return kind if kind in ("kernel", "golden-alt") else "none"
 
 
-def load_platform(name: str, devices: tuple[int, ...] | None = None):
-    """The platform object for ``name``; card platforms get the allocated ``devices``."""
+def load_platform(name: str, devices: tuple[int, ...] | None = None,
+                  cost_model: bool | None = None):
+    """The platform object for ``name``; card platforms get the allocated ``devices``,
+    a5sim ``cost_model`` (None: ``V41_A5SIM_COST_MODEL``, on by default)."""
     from harness.platforms import get_platform
-    return get_platform(name, devices=devices) if name == "a5" else get_platform(name)
+    if name == "a5":
+        return get_platform(name, devices=devices)
+    return get_platform(name, cost_model=cost_model)
 
 
 def run_case(case: Case, *, save_root: str | None = None, cards_available: int | None = None,

@@ -213,7 +213,7 @@ class LaunchMemo:
 
 
 MEMO = LaunchMemo()  # launches verified at the default level (tensor)
-MEMOS: dict = {}  # other verify levels, one memo each (:func:`launch_memo`)
+MEMOS: dict = {}  # (verify level, cost model) -> memo, for the others (:func:`launch_memo`)
 ESTIMATE_MEMO = LaunchMemo(by_shape=True)  # cost-only launches: records by shape, no outputs
 
 
@@ -461,13 +461,17 @@ def reuse_launches(platform) -> bool:
 def launch_memo(platform) -> LaunchMemo | None:
     """The memo launches on ``platform`` may reuse (None: reuse off): one per verify level,
     so a launch checked at ``tensor`` never stands in for one that must be ``lowered``; an
-    estimate-only platform's uncomputed outputs live in their own memo."""
+    estimate-only platform's uncomputed outputs live in their own memo, and so do a
+    numerics-only platform's launches (no estimate to stand in for one that has it)."""
     if not reuse_launches(platform):
         return None
     if getattr(platform, "estimate_only", False):
         return ESTIMATE_MEMO
     level = getattr(platform, "verify_level", None)
-    return MEMO if level in (None, "tensor") else MEMOS.setdefault(level, LaunchMemo())
+    costed = getattr(platform, "cost_model", True)
+    if level in (None, "tensor") and costed:
+        return MEMO
+    return MEMOS.setdefault((level, costed), LaunchMemo())
 
 
 def kernel_sut(layer: int):

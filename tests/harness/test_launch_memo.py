@@ -76,17 +76,21 @@ def test_shape_keys_ignore_payload_bytes_but_not_metadata_shapes_dtypes_or_axes(
     assert ROW_SENTINEL < 0  # integer outputs of an uncomputed launch read as "no row"
 
 
-def test_each_verify_level_has_its_own_memo():
+def test_each_verify_level_and_numerics_only_have_their_own_memo():
     from harness.entries.attention_kernels import ESTIMATE_MEMO, MEMO, launch_memo
 
     class P:
         name, estimate_only = "a5sim", False
 
-        def __init__(self, level):
-            self.verify_level = level
+        def __init__(self, level, cost_model=True):
+            self.verify_level, self.cost_model = level, cost_model
 
     tensor, lowered = launch_memo(P("tensor")), launch_memo(P("lowered"))
     assert tensor is MEMO and lowered is not MEMO and lowered is launch_memo(P("lowered"))
+    # a launch without the cost model has no estimate: it never stands in for one with it
+    bare = launch_memo(P("tensor", cost_model=False))
+    assert bare not in (MEMO, lowered) and bare is launch_memo(P("tensor", cost_model=False))
+    assert launch_memo(P("lowered", cost_model=False)) not in (bare, lowered)
     est = P("cost")
     est.estimate_only = True
     assert launch_memo(est) is ESTIMATE_MEMO and ESTIMATE_MEMO.by_shape

@@ -35,8 +35,9 @@ def spied(monkeypatch):
     """(platforms load_platform made, (entry, platform) of every run_case call)."""
     made, seen = [], []
 
-    def load(name, devices=None):
+    def load(name, devices=None, cost_model=None):
         made.append(_Closing())
+        made[-1].cost_model = cost_model
         return made[-1]
 
     real = pytest_cases.run_case
@@ -58,6 +59,39 @@ def test_kernel_cases_share_one_platform_which_is_closed_after(spied):
         assert len(made) == 1 and not made[0].closed
     assert made[0].closed
     assert seen == [("fake_kernel", made[0]), ("fake_kernel", made[0]), ("fake_alt", None)]
+
+
+def test_the_shared_platform_runs_the_cost_model_only_when_the_run_asks(spied):
+    made, _ = spied
+    with pytest_cases.shared_platform(_options()):
+        pass
+    with pytest_cases.shared_platform(RunOptions(platform="a5sim", devices=None, save_data=None,
+                                                 wiring="both", preset=None, cost_model=True)):
+        pass
+    assert [p.cost_model for p in made] == [False, True]
+
+
+@pytest.mark.parametrize("flag,env,expected", [(False, None, False), (True, None, True),
+                                               (False, "1", True), (False, "0", False),
+                                               (True, "0", True)])
+def test_cost_model_option_then_environment_then_off(monkeypatch, flag, env, expected):
+    from harness import pytest_plugin
+    from harness.platforms.a5sim import ENV_COST_MODEL
+    if env is None:
+        monkeypatch.delenv(ENV_COST_MODEL, raising=False)
+    else:
+        monkeypatch.setenv(ENV_COST_MODEL, env)
+    config = SimpleNamespace(getoption=lambda name: flag if name == "cost_model" else None)
+    assert pytest_plugin._cost_model(config) is expected
+
+
+def test_a_bad_cost_model_environment_value_is_refused_by_name(monkeypatch):
+    from harness import pytest_plugin
+    from harness.platforms.base import PlatformError
+    monkeypatch.setenv("V41_A5SIM_COST_MODEL", "off")
+    config = SimpleNamespace(getoption=lambda name: False)
+    with pytest.raises(PlatformError, match="V41_A5SIM_COST_MODEL: 'off'"):
+        pytest_plugin._cost_model(config)
 
 
 def test_without_a_shared_platform_each_case_loads_its_own(spied):

@@ -11,7 +11,7 @@ from rich.console import Console
 from harness import registry
 from harness.case import Case
 from harness.report import print_run, summary_json, worst_check
-from harness.runner import CaseResult, run_case
+from harness.runner import CaseResult, load_platform, run_case
 from harness.verdict import single, summarize, worst
 
 WIDTH = 120
@@ -116,8 +116,13 @@ def test_summary_json_records_sut_kind_verify_level_and_applicability(tmp_path):
 
 @pytest.fixture(scope="module")
 def c1a_full_results():
+    """Two decode_c1a_full cases on one numerics-only a5sim platform (verdicts, no estimate)."""
     entry = registry.get("decode_c1a_full")
-    return [run_case(c) for c in entry.matrix[:2]]
+    platform = load_platform("a5sim", cost_model=False)
+    try:
+        return [run_case(c, platform=platform) for c in entry.matrix[:2]]
+    finally:
+        platform.close()
 
 
 def test_decode_c1a_full_shows_no_check_that_measured_nothing(c1a_full_results):

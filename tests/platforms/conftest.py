@@ -1,6 +1,7 @@
 """Shared a5sim fixtures of the platform tests: one platform per test module (at the default
-verify level, and at ``lowered``), skipped with the platform's own reason where it cannot
-run."""
+verify level, numerics only, and at ``lowered``), skipped with the platform's own reason
+where it cannot run.  Tests that assert no estimate take ``numerics`` or ``lowered``, which
+skip the cost model (it doubles a launch's time)."""
 
 import pytest
 
@@ -23,8 +24,16 @@ def a5sim():
 
 
 @pytest.fixture(scope="module")
+def numerics():
+    """An a5sim platform without the cost model: outputs only, no estimate."""
+    platform = _platform(cost_model=False)
+    yield platform
+    platform.close()
+
+
+@pytest.fixture(scope="module")
 def lowered():
-    """An a5sim platform that verifies every interpretable lowering pass."""
-    platform = _platform(verify="lowered")
+    """An a5sim platform that verifies every interpretable lowering pass (no cost model)."""
+    platform = _platform(verify="lowered", cost_model=False)
     yield platform
     platform.close()

@@ -53,18 +53,18 @@ def mode(request):
 
 
 @pytest.fixture(scope="module")
-def run(a5sim, mode):
+def run(numerics, mode):
     """(case, verdicts, kernel outputs, golden, stale) of ``mode``: one kernel run, then the
     same case again with rank 1's partial never published to the reduce window (``stale``:
     the exception that run raised, or None)."""
     case = _case(mode)
     sut = registry.get(case.entry).kernels["a5sim"]
-    verdicts, out, gold = run_with(a5sim, case, sut)
+    verdicts, out, gold = run_with(numerics, case, sut)
     stale = None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TpGroup, "publish_reduce", _drop_rank1(TpGroup.publish_reduce))
         try:
-            run_with(a5sim, case, sut)
+            run_with(numerics, case, sut)
         except Exception as err:  # noqa: BLE001 - the test asserts its type and text
             stale = err
     return case, verdicts, out, gold, stale

@@ -22,8 +22,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def run(a5sim):
-    return run_with(a5sim, CASE, ENTRY.kernels["a5sim"])
+def run(numerics):
+    return run_with(numerics, CASE, ENTRY.kernels["a5sim"])
 
 
 DEFECTS = [

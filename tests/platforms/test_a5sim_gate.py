@@ -33,8 +33,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
     ("biased_weights", Case(entry=ENTRY, tokens=21), ("weights", "row_rms")),
     ("higher_index_ties", Case(entry=ENTRY, tokens=6, kind="ties"), ("indices", "exact_bytes")),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, case, expect):
-    verdicts, out, gold = run_variant(a5sim, case, variant=variant)
+def test_wrong_kernel_fails_the_comparison(numerics, variant, case, expect):
+    verdicts, out, gold = run_variant(numerics, case, variant=variant)
     bad = {(v.output, v.check) for v in verdicts if not v.passed}
     assert expect in bad, f"variant {variant} passed: {[v.line() for v in verdicts]}"
     if variant == "higher_index_ties":  # lanes 1 and 2 tie with expert E-1: it wins instead
@@ -43,8 +43,8 @@ def test_wrong_kernel_fails_the_comparison(a5sim, variant, case, expect):
 
 
 @pytest.mark.parametrize("variant", ["route_padding", "skip_padding"])
-def test_padding_rows_written_wrong_fail_the_padding_check(a5sim, variant):
-    verdicts, out, gold = run_variant(a5sim, PADDED, variant=variant)
+def test_padding_rows_written_wrong_fail_the_padding_check(numerics, variant):
+    verdicts, out, gold = run_variant(numerics, PADDED, variant=variant)
     bad = failing(verdicts)
     assert bad == {("indices", "zero_rows"), ("weights", "zero_rows")}, \
         [v.line() for v in verdicts if not v.passed]
@@ -55,8 +55,8 @@ def test_padding_rows_written_wrong_fail_the_padding_check(a5sim, variant):
 
 @pytest.mark.parametrize("case", [PADDED, Case(entry=ENTRY, tokens=8, active_tokens=0),
                                   Case(entry=ENTRY, tokens=16, active_tokens=16)])
-def test_padding_rows_get_index_zero_and_weight_zero(a5sim, case):
-    verdicts, out, gold = run_variant(a5sim, case)
+def test_padding_rows_get_index_zero_and_weight_zero(numerics, case):
+    verdicts, out, gold = run_variant(numerics, case)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     n = case.active
     assert ("weights", "zero_rows") in {(v.output, v.check) for v in verdicts}

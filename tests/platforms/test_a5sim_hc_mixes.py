@@ -29,8 +29,8 @@ SHARP = Case(entry=ENTRY, tokens=19, kind="sharp")
     # one pass short stays inside the contract bound: only the pass-count check sees it
     ("short_sinkhorn", {("comb:sinkhorn_passes", "row_rms")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
-    verdicts, _, _ = run_variant(a5sim, SHARP, variant=variant)
+def test_wrong_kernel_fails_the_comparison(numerics, variant, expect):
+    verdicts, _, _ = run_variant(numerics, SHARP, variant=variant)
     bad = {(v.output, v.check) for v in verdicts if not v.passed}
     assert expect <= bad, f"variant {variant}: {[v.line() for v in verdicts if not v.passed]}"
     if variant == "short_sinkhorn":
@@ -38,20 +38,20 @@ def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
 
 
 @pytest.mark.parametrize("tokens", [100, 200])
-def test_large_launch_schedules_hold_the_bounds(a5sim, tokens):
+def test_large_launch_schedules_hold_the_bounds(numerics, tokens):
     """The BIG_ROW_TILE schedule (T=100: a 96-row tile and a 4-row tail) and the
     HUGE_ROW_TILE one (T=200: 192 + 8), with their gathered K-tile partials and 8-row
     Sinkhorn tiles, hold every bound (the default matrix's TINY cases take the one-tile and
     the split-K schedules)."""
-    verdicts, outputs, _ = run_variant(a5sim, Case(entry=ENTRY, tokens=tokens))
+    verdicts, outputs, _ = run_variant(numerics, Case(entry=ENTRY, tokens=tokens))
     assert {v.output for v in verdicts} >= {"pre", "post", "comb"}
     assert all(v.passed for v in verdicts), [v.line() for v in verdicts if not v.passed]
     assert outputs["comb"].shape[0] == tokens
 
 
-def test_large_launch_sinkhorn_is_compared(a5sim):
+def test_large_launch_sinkhorn_is_compared(numerics):
     """Half the Sinkhorn passes in the BIG_ROW_TILE schedule's 8-row Sinkhorn tiles fail comb
     on the "sharp" fixture (on "mixed" data they stay inside the bound)."""
-    verdicts, _, _ = run_variant(a5sim, Case(entry=ENTRY, tokens=100, kind="sharp"),
+    verdicts, _, _ = run_variant(numerics, Case(entry=ENTRY, tokens=100, kind="sharp"),
                                  variant="half_sinkhorn")
     assert ("comb", "row_rms") in {(v.output, v.check) for v in verdicts if not v.passed}

@@ -22,14 +22,14 @@ def run_variant(platform, entry: str, **options):
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_reference_is_bit_exact(a5sim, entry):
-    verdicts, out, gold = run_variant(a5sim, entry)
+def test_reference_is_bit_exact(numerics, entry):
+    verdicts, out, gold = run_variant(numerics, entry)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert torch.equal(out["y"], gold["y"])
 
 
 @pytest.mark.parametrize("entry,variant", WRONG)
-def test_wrong_kernel_fails_the_comparison(a5sim, entry, variant):
-    verdicts, _, _ = run_variant(a5sim, entry, variant=variant)
+def test_wrong_kernel_fails_the_comparison(numerics, entry, variant):
+    verdicts, _, _ = run_variant(numerics, entry, variant=variant)
     bad = {(v.output, v.check) for v in verdicts if not v.passed}
     assert ("y", "row_rms") in bad, f"variant {variant} passed: {[v.line() for v in verdicts]}"

@@ -22,8 +22,8 @@ TIES = Case(entry=ENTRY, tokens=6, kind="ties", seed=5)
 
 
 @pytest.mark.parametrize("case", [MIXED, TIES], ids=["mixed", "ties"])
-def test_reference_keeps_the_golden_blocks(a5sim, case):
-    verdicts, out, gold = run_with(a5sim, case, entry_mod.kernel_sut())
+def test_reference_keeps_the_golden_blocks(numerics, case):
+    verdicts, out, gold = run_with(numerics, case, entry_mod.kernel_sut())
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     mask = out["candidate_mask"]
     assert torch.equal(mask, gold["candidate_mask"])
@@ -39,8 +39,8 @@ def test_reference_keeps_the_golden_blocks(a5sim, case):
 
 @pytest.mark.parametrize("variant,case", [("no_pin", MIXED), ("higher_ties", TIES),
                                           ("skip_first", MIXED)])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, case):
-    verdicts, _, _ = run_with(a5sim, case, entry_mod.kernel_sut(variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant, case):
+    verdicts, _, _ = run_with(numerics, case, entry_mod.kernel_sut(variant))
     bad = {(v.output, v.check) for v in verdicts if not v.passed}
     assert ("candidate_mask", "exact_bytes") in bad, [v.line() for v in verdicts]
 

@@ -31,8 +31,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
     ("skip_padding", {("q", "zero_rows"), ("weights", "zero_rows")}),
     ("compute_padding", {("q", "zero_rows"), ("weights", "zero_rows")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
-    verdicts, out, gold = run_with(a5sim, SMALL, entry_mod.kernel_sut(variant=variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant, expect):
+    verdicts, out, gold = run_with(numerics, SMALL, entry_mod.kernel_sut(variant=variant))
     bad = failing(verdicts)
     assert bad == expect, f"variant {variant}: {[v.line() for v in verdicts if not v.passed]}"
     if variant in ("skip_padding", "compute_padding"):  # the active rows are still right
@@ -40,10 +40,10 @@ def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
         assert torch.equal(out["weights"][:n], gold["weights"][:n])
 
 
-def test_reference_passes_in_host_chunks_with_an_all_padding_chunk(a5sim):
+def test_reference_passes_in_host_chunks_with_an_all_padding_chunk(numerics):
     # chunks of 16: (0, 16, 16), (16, 16, 16), (32, 16, 5), (48, 2, 0)
     assert entry_mod.chunks(50, 37, 16)[-2:] == [(32, 16, 5), (48, 2, 0)]
-    verdicts, out, gold = run_with(a5sim, PADDED, entry_mod.kernel_sut(chunk=16))
+    verdicts, out, gold = run_with(numerics, PADDED, entry_mod.kernel_sut(chunk=16))
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     checked = {(v.output, v.check) for v in verdicts if v.passed and v.applicable}
     assert {("q", "zero_rows"), ("weights", "zero_rows"), ("q", "row_rms")} <= checked
@@ -52,14 +52,14 @@ def test_reference_passes_in_host_chunks_with_an_all_padding_chunk(a5sim):
     assert out["q"][:n].abs().amax(-1).min() > 0  # every active row really projected
 
 
-def test_padding_inputs_do_not_reach_the_outputs(a5sim):
+def test_padding_inputs_do_not_reach_the_outputs(numerics):
     """NaN in every padding row of qr, x and the rope rows leaves the outputs unchanged."""
     entry = registry.get(ENTRY)
     inputs = entry.build_inputs(SMALL.config, SMALL)
     n = SMALL.active
     for name in entry_mod.ROW_INPUTS:
         inputs[name][n:] = float("nan")
-    out = entry_mod.kernel_sut()(a5sim, SMALL.config, SMALL, clone_tensors(inputs)).outputs
+    out = entry_mod.kernel_sut()(numerics, SMALL.config, SMALL, clone_tensors(inputs)).outputs
     gold = entry.golden(SMALL.config, SMALL, clone_tensors(inputs))
     verdicts = entry.compare(SMALL.config, SMALL, inputs, gold, out)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]

@@ -26,8 +26,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("case", [MIXED, PADDED, Case(entry=ENTRY, tokens=8, active_tokens=0)])
-def test_equals_the_golden_byte_for_byte(a5sim, case):
-    verdicts, out, gold = run_with(a5sim, case, entry_mod.kernel_sut())
+def test_equals_the_golden_byte_for_byte(numerics, case):
+    verdicts, out, gold = run_with(numerics, case, entry_mod.kernel_sut())
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     x, n = out["x_hc"], case.active
     assert torch.equal(x.view(torch.int32), gold["x_hc"].view(torch.int32))  # every byte
@@ -50,8 +50,8 @@ def test_equals_the_golden_byte_for_byte(a5sim, case):
     ("skip_padding", PADDED, {("x_hc", "zero_rows")}),
     ("embed_padding", PADDED, {("x_hc", "zero_rows")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, case, expect):
-    verdicts, _, _ = run_with(a5sim, case, entry_mod.kernel_sut(variant=variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant, case, expect):
+    verdicts, _, _ = run_with(numerics, case, entry_mod.kernel_sut(variant=variant))
     assert failing(verdicts) == expect, [v.line() for v in verdicts]
     if variant == "no_pad_mask":  # exactly the -1 rows (x every lane) are wrong
         v = next(v for v in verdicts if v.check == "exact_bytes")

@@ -46,17 +46,17 @@ def _ids(rows: int) -> torch.Tensor:
     return ids.to(torch.int32)
 
 
-def _run(a5sim, case: dict, payload, scales, ids):
+def _run(numerics, case: dict, payload, scales, ids):
     spec = KernelSpec("v41.decode_probe", {}, builder="build_kv", abi="abi_kv")
-    program = a5sim.compile(spec, CONFIG, case)
+    program = numerics.compile(spec, CONFIG, case)
     d = case["d"]
     out = torch.zeros(TOKENS, KEYS, d, dtype=torch.bfloat16)
     args = {"payload": payload, "scales": scales, "ids": ids, "out": out}
-    return a5sim.launch(program, 0, args).raise_for_error().outputs["out"]
+    return numerics.launch(program, 0, args).raise_for_error().outputs["out"]
 
 
 @pytest.mark.parametrize("fmt", ["window", "compressed", "index_key"])
-def test_kv_rows_decode_exactly_for_every_code(a5sim, fmt):
+def test_kv_rows_decode_exactly_for_every_code(numerics, fmt):
     rows = BLOCKS * BLOCK_SIZE
     d, group = {"window": (512, 32), "compressed": (512, 16), "index_key": (128, 32)}[fmt]
     width = d if fmt == "window" else d // 2
@@ -70,7 +70,7 @@ def test_kv_rows_decode_exactly_for_every_code(a5sim, fmt):
             "blocks": BLOCKS, "block_size": BLOCK_SIZE, "tokens": TOKENS, "keys": KEYS,
             "scale_e8m0": fmt == "index_key"}
     shape = (BLOCKS, BLOCK_SIZE, 1)
-    out = _run(a5sim, case, payload.reshape(*shape, width), scales.reshape(*shape, d // group),
+    out = _run(numerics, case, payload.reshape(*shape, width), scales.reshape(*shape, d // group),
                ids)
     safe = ids.clamp(min=0).long()
     if fmt == "window":

@@ -30,8 +30,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def ties4(a5sim):
-    return run_with(a5sim, TIES4, entry_mod.kernel_sut())
+def ties4(numerics):
+    return run_with(numerics, TIES4, entry_mod.kernel_sut())
 
 
 def _tie_rows(case):
@@ -91,8 +91,8 @@ def test_wrong_rank_combine_fails_the_comparison(ties4):
     PLAIN, PADDED2, Case(entry=ENTRY, tokens=8, active_tokens=0, tp=2),
     Case(entry=ENTRY, tokens=240, active_tokens=200),  # a second, partial row tile
 ])
-def test_equals_the_golden(a5sim, case):
-    verdicts, out, gold = run_with(a5sim, case, entry_mod.kernel_sut())
+def test_equals_the_golden(numerics, case):
+    verdicts, out, gold = run_with(numerics, case, entry_mod.kernel_sut())
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     n = case.active
     # the kernel's picks equal the golden's on every row, near-tied ones included (the
@@ -116,8 +116,8 @@ def test_equals_the_golden(a5sim, case):
      {("logits", "zero_rows"), ("rank_best_index[0]", "pick_self"),
       ("rank_best_index[0]", "pick_golden"), ("ids", "pick_self"), ("ids", "pick_golden")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, case, expect):
-    verdicts, _, _ = run_with(a5sim, case, entry_mod.kernel_sut(variant=variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant, case, expect):
+    verdicts, _, _ = run_with(numerics, case, entry_mod.kernel_sut(variant=variant))
     assert failing(verdicts) == expect, [v.line() for v in verdicts if not v.passed]
 
 

@@ -25,8 +25,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def run(a5sim):
-    verdicts, out, gold = run_with(a5sim, CASE, ENTRY.kernels["a5sim"])
+def run(numerics):
+    verdicts, out, gold = run_with(numerics, CASE, ENTRY.kernels["a5sim"])
     return verdicts, out, gold
 
 
@@ -39,7 +39,7 @@ WRONG_KERNELS = [("v41.routed_experts", "swap_nibbles"), ("v41.shared_expert", "
                  ("v41.moe_combine", "drop_last_expert")]
 
 
-def test_moe_composition_passes_crosses_ranks_and_each_defect_is_caught_by_name(a5sim, run):
+def test_moe_composition_passes_crosses_ranks_and_each_defect_is_caught_by_name(numerics, run):
     """One test over the one kernel run (several would each build it on their own xdist
     worker); each wrong kernel variant reruns the composition, reusing the run's other
     launches."""
@@ -55,7 +55,7 @@ def test_moe_composition_passes_crosses_ranks_and_each_defect_is_caught_by_name(
         assert expected in failing(ENTRY.compare(CASE.config, CASE, inputs, gold, actual)), expected
 
     for module, variant in WRONG_KERNELS:
-        verdicts, _, _ = run_with(a5sim, CASE, moe.make_sut({module: variant}))
+        verdicts, _, _ = run_with(numerics, CASE, moe.make_sut({module: variant}))
         assert ("g0.r0.moe_output", "row_rms") in failing(verdicts), (module, variant)
 
 

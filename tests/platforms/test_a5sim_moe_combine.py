@@ -33,20 +33,20 @@ def _golden(routed, shared, n):
     return out
 
 
-def _launch(a5sim, routed, shared, n, variant="reference"):
+def _launch(numerics, routed, shared, n, variant="reference"):
     spec = KernelSpec("v41.moe_combine", {} if variant == "reference" else {"variant": variant})
-    program = a5sim.compile(spec, TINY, {"tokens": T})
+    program = numerics.compile(spec, TINY, {"tokens": T})
     y = torch.full((T, TINY.hidden_size), 7.0, dtype=torch.bfloat16)
-    result = a5sim.launch(program, 0, {"routed": routed.reshape(T, -1).contiguous(), "shared": shared,
+    result = numerics.launch(program, 0, {"routed": routed.reshape(T, -1).contiguous(), "shared": shared,
                                        "num_tokens": torch.tensor([n], dtype=torch.int32), "y": y})
     result.raise_for_error()
     return result.outputs["y"]
 
 
 @pytest.mark.parametrize("n", [N, 0])
-def test_combine_is_byte_equal_to_the_golden_and_zeroes_padding(a5sim, n):
+def test_combine_is_byte_equal_to_the_golden_and_zeroes_padding(numerics, n):
     routed, shared = _inputs()
-    y = _launch(a5sim, routed, shared, n)
+    y = _launch(numerics, routed, shared, n)
     assert torch.equal(y.view(torch.int16), _golden(routed, shared, n).view(torch.int16))
 
 
@@ -59,8 +59,8 @@ def test_combine_passes_pass_level_verification(lowered):
 
 
 @pytest.mark.parametrize("variant", ["bf16_partials", "drop_last_expert"])
-def test_each_wrong_variant_differs_from_the_golden(a5sim, variant):
+def test_each_wrong_variant_differs_from_the_golden(numerics, variant):
     routed, shared = _inputs()
-    y = _launch(a5sim, routed, shared, N, variant)
+    y = _launch(numerics, routed, shared, N, variant)
     gold = _golden(routed, shared, N)
     assert not torch.equal(y[:N].view(torch.int16), gold[:N].view(torch.int16))

@@ -24,15 +24,15 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("variant", ["forward_rope", "wo_b_scale_up", "skip_act_quant"])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant):
-    verdicts, out, gold = run_with(a5sim, CASE, entry_mod.kernel_sut(variant=variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant):
+    verdicts, out, gold = run_with(numerics, CASE, entry_mod.kernel_sut(variant=variant))
     bad = failing(verdicts)
     assert {("partials[0]", "row_rms"), ("partials[1]", "row_rms"), ("out", "row_rms")} <= bad, \
         f"variant {variant} passed: {[v.line() for v in verdicts]}"
 
 
-def test_reference_passes_and_the_output_is_the_rank_ordered_sum(a5sim):
-    verdicts, out, gold = run_with(a5sim, CASE, entry_mod.kernel_sut(chunk=4))  # 3 chunks
+def test_reference_passes_and_the_output_is_the_rank_ordered_sum(numerics):
+    verdicts, out, gold = run_with(numerics, CASE, entry_mod.kernel_sut(chunk=4))  # 3 chunks
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     p = out["partials"]
     assert torch.equal(out["out"], (p[0] + p[1]).to(torch.bfloat16))

@@ -33,9 +33,9 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module", params=MODES)
-def run(a5sim, request):
+def run(numerics, request):
     case = _case(request.param)
-    verdicts, out, gold = run_with(a5sim, case, registry.get(case.entry).kernels["a5sim"])
+    verdicts, out, gold = run_with(numerics, case, registry.get(case.entry).kernels["a5sim"])
     return request.param, case, verdicts, out, gold
 
 

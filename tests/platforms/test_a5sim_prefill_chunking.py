@@ -23,7 +23,7 @@ CHUNKED = ("v41.qkv_proj_rope", "v41.index_query", "v41.paged_indexer", "v41.spa
            "v41.o_proj")
 
 
-def _run(a5sim, monkeypatch, chunk):
+def _run(numerics, monkeypatch, chunk):
     """(verdicts, outputs, rows per launch of each chunked module)."""
     rows: dict = {}
     call = attention_kernels.RankLauncher.__call__
@@ -39,13 +39,13 @@ def _run(a5sim, monkeypatch, chunk):
             m.setattr(mod, "A5SIM_CHUNK", chunk)
         m.setattr(paged_indexer, "LAUNCH_ROWS", chunk)
         m.setattr(sparse, "chunk_tokens", lambda inputs, platform=None: chunk)
-        verdicts, out, _ = run_with(a5sim, CASE, registry.get(CASE.entry).kernels["a5sim"])
+        verdicts, out, _ = run_with(numerics, CASE, registry.get(CASE.entry).kernels["a5sim"])
     return verdicts, out, rows
 
 
-def test_one_launch_and_five_row_chunks_agree_bit_for_bit(a5sim, monkeypatch):
-    whole_v, whole, whole_rows = _run(a5sim, monkeypatch, CASE.tokens)
-    split_v, split, split_rows = _run(a5sim, monkeypatch, CHUNK)
+def test_one_launch_and_five_row_chunks_agree_bit_for_bit(numerics, monkeypatch):
+    whole_v, whole, whole_rows = _run(numerics, monkeypatch, CASE.tokens)
+    split_v, split, split_rows = _run(numerics, monkeypatch, CHUNK)
     n = CASE.active
     for module in CHUNKED:  # the split really happened, over the active rows
         assert whole_rows[module] == [n], (module, whole_rows[module])

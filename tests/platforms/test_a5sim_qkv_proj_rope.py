@@ -27,13 +27,13 @@ def failing(verdicts) -> set[tuple[str, str]]:
     ("no_q_norm", {("qr[0]", "row_rms"), ("q[1]", "row_rms")}),
     ("wq_b_scale_up", {("q[0]", "row_rms"), ("q[1]", "row_rms")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
-    verdicts, out, gold = run_with(a5sim, CASE, entry_mod.kernel_sut(variant=variant))
+def test_wrong_kernel_fails_the_comparison(numerics, variant, expect):
+    verdicts, out, gold = run_with(numerics, CASE, entry_mod.kernel_sut(variant=variant))
     assert expect <= failing(verdicts), f"variant {variant}: {[v.line() for v in verdicts]}"
 
 
-def test_reference_passes_in_host_chunks(a5sim):
-    verdicts, out, gold = run_with(a5sim, CASE, entry_mod.kernel_sut(chunk=4))  # 3 chunks
+def test_reference_passes_in_host_chunks(numerics):
+    verdicts, out, gold = run_with(numerics, CASE, entry_mod.kernel_sut(chunk=4))  # 3 chunks
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert not torch.equal(out["q"][0], out["q"][1])  # each rank computed its own heads
     assert ("kv[1] vs rank 0", "exact_bytes") in {(v.output, v.check) for v in verdicts}

@@ -33,15 +33,15 @@ CASE = Case(entry="rope_rows", tokens=40, active_tokens=37)
     ("off_by_one", {("rope_cos", "row_rms"), ("rope_sin", "row_rms")}),
     ("all_rows", {("rope_cos", "exact_bytes"), ("rope_sin", "exact_bytes")}),
 ])
-def test_wrong_kernel_fails_the_comparison(a5sim, variant, expect):
-    verdicts, _ = run_variant(a5sim, CASE, variant=variant)
+def test_wrong_kernel_fails_the_comparison(numerics, variant, expect):
+    verdicts, _ = run_variant(numerics, CASE, variant=variant)
     assert not all_passed(verdicts), f"variant {variant} passed the comparison"
     assert expect <= failing(verdicts), [v.line() for v in verdicts if not v.passed]
 
 
-def test_zero_tokens_touches_nothing(a5sim):
+def test_zero_tokens_touches_nothing(numerics):
     case = Case(entry="rope_rows", tokens=8, active_tokens=0)
-    verdicts, out = run_variant(a5sim, case)
+    verdicts, out = run_variant(numerics, case)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert (out["rope_cos"] == 13.0).all() and (out["rope_sin"] == 13.0).all()
 

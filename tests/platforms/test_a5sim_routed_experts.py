@@ -40,8 +40,8 @@ def rank_rows(case: Case, inputs) -> list[torch.Tensor]:
             for r in range(entry_mod.ranks(case))]
 
 
-def test_kernel_equals_golden_on_every_ep_rank(a5sim):
-    verdicts, out, gold = run_with(a5sim, EP4, entry_mod.kernel_sut())
+def test_kernel_equals_golden_on_every_ep_rank(numerics):
+    verdicts, out, gold = run_with(numerics, EP4, entry_mod.kernel_sut())
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     inputs = registry.get(ENTRY).build_inputs(EP4.config, EP4)
     offsets = rank_rows(EP4, inputs)
@@ -56,33 +56,33 @@ def test_kernel_equals_golden_on_every_ep_rank(a5sim):
 
 @pytest.mark.parametrize("variant", ["swap_nibbles", pytest.param("no_clamp", marks=pytest.mark.slow),
                                      pytest.param("no_route_weight", marks=pytest.mark.slow)])
-def test_wrong_kernel_fails_the_row_bound(a5sim, variant):
-    verdicts, _, _ = run_with(a5sim, SINGLE, entry_mod.kernel_sut(variant))
+def test_wrong_kernel_fails_the_row_bound(numerics, variant):
+    verdicts, _, _ = run_with(numerics, SINGLE, entry_mod.kernel_sut(variant))
     bad = failing(verdicts)
     assert ("y[0]", "row_rms") in bad, [v.line() for v in verdicts]
     assert ("y[0]", "zero_rows") not in bad
 
 
-def test_unwritten_padding_fails_only_the_padding_check(a5sim):
-    verdicts, out, gold = run_with(a5sim, SINGLE, entry_mod.kernel_sut("skip_padding"))
+def test_unwritten_padding_fails_only_the_padding_check(numerics):
+    verdicts, out, gold = run_with(numerics, SINGLE, entry_mod.kernel_sut("skip_padding"))
     assert failing(verdicts) == {("y[0]", "zero_rows")}, [v.line() for v in verdicts]
     zero = next(v for v in verdicts if v.check == "zero_rows")
     assert len(zero.failing_rows) == entry_mod.PAD_ROWS
 
 
-def test_empty_expert_and_empty_rank(a5sim):
+def test_empty_expert_and_empty_rank(numerics):
     case = HOLES_EP8
     inputs = registry.get(ENTRY).build_inputs(case.config, case)
     offsets = rank_rows(case, inputs)
     assert offsets[0].tolist()[1:] == [offsets[0].tolist()[1]] * 2  # expert 1: no rows
     assert offsets[-1].tolist() == [0, 0, 0]  # the last rank: no rows at all
-    verdicts, out, _ = run_with(a5sim, case, entry_mod.kernel_sut())
+    verdicts, out, _ = run_with(numerics, case, entry_mod.kernel_sut())
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert bool((out["y"][-1] == 0).all())
     assert not any(v.check == "row_rms" for v in verdicts if v.output == "y[7]")
 
 
-def test_weights_of_an_expert_without_rows_do_not_matter(a5sim):
+def test_weights_of_an_expert_without_rows_do_not_matter(numerics):
     case = HOLES_SINGLE
     entry = registry.get(ENTRY)
     inputs = entry.build_inputs(case.config, case)
@@ -93,8 +93,8 @@ def test_weights_of_an_expert_without_rows_do_not_matter(a5sim):
         garbage[name][empty] = torch.randint(0, 256, garbage[name][empty].shape, generator=g,
                                              dtype=torch.uint8)
     sut = entry_mod.kernel_sut()
-    a = sut(a5sim, case.config, case, clone_tensors(inputs)).outputs["y"]
-    b = sut(a5sim, case.config, case, garbage).outputs["y"]
+    a = sut(numerics, case.config, case, clone_tensors(inputs)).outputs["y"]
+    b = sut(numerics, case.config, case, garbage).outputs["y"]
     assert torch.equal(a, b)
     verdicts = entry.compare(case.config, case, inputs, entry.golden(case.config, case, inputs),
                              {"y": a})
@@ -168,9 +168,9 @@ def test_default_matrix_covers_the_ep_sizes_and_the_empty_cases():
     assert any(c.kind == "holes" and c.ep == 8 for c in matrix)
 
 
-def test_several_intermediate_blocks_equal_the_golden(a5sim):
+def test_several_intermediate_blocks_equal_the_golden(numerics):
     """TINY's intermediate width (64) is one default I_TILE block: a 32-wide tile runs the
     block loop twice (MX(h) through the h_mx scratch, two W2 column parts)."""
-    verdicts, out, gold = run_with(a5sim, SINGLE, entry_mod.kernel_sut(i_tile=32))
+    verdicts, out, gold = run_with(numerics, SINGLE, entry_mod.kernel_sut(i_tile=32))
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     assert torch.equal(out["y"], gold["y"])

@@ -18,10 +18,10 @@ ENTRIES = {"qkv_proj_rope": (qkv_proj_rope, {"tp": 2}),
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
-def test_several_row_tiles_in_one_launch_equal_the_golden(a5sim, name):
+def test_several_row_tiles_in_one_launch_equal_the_golden(numerics, name):
     mod, axes = ENTRIES[name]
     case = Case(entry=name, tokens=37, **axes)
-    verdicts, _, _ = run_with(a5sim, case, mod.kernel_sut(chunk=64, rows_per_tile=16))
+    verdicts, _, _ = run_with(numerics, case, mod.kernel_sut(chunk=64, rows_per_tile=16))
     assert verdicts and all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
 
 

@@ -35,8 +35,8 @@ def failing(verdicts) -> set[tuple[str, str]]:
 
 @pytest.mark.parametrize("case,i_tile", [(PADDED, None), (SMALL, 32),
                                          (Case(entry=ENTRY, tokens=8, active_tokens=0), None)])
-def test_kernel_passes_the_row_bound(a5sim, case, i_tile):
-    verdicts, out, gold = run_variant(a5sim, case, i_tile=i_tile)
+def test_kernel_passes_the_row_bound(numerics, case, i_tile):
+    verdicts, out, gold = run_variant(numerics, case, i_tile=i_tile)
     assert all_passed(verdicts), [v.line() for v in verdicts if not v.passed]
     checks = {(v.output, v.check) for v in verdicts}
     n = case.active
@@ -69,8 +69,8 @@ def test_fixture_drives_both_clamps():
 
 
 @pytest.mark.parametrize("variant", ["no_clamp", "silu_on_u", "skip_h_quant"])
-def test_wrong_kernel_fails_the_row_bound(a5sim, variant):
-    verdicts, out, gold = run_variant(a5sim, SMALL, variant=variant)
+def test_wrong_kernel_fails_the_row_bound(numerics, variant):
+    verdicts, out, gold = run_variant(numerics, SMALL, variant=variant)
     bad = failing(verdicts)
     assert ("y", "row_rms") in bad, f"variant {variant} passed: {[v.line() for v in verdicts]}"
     rms = next(v for v in verdicts if (v.output, v.check) == ("y", "row_rms"))
@@ -78,8 +78,8 @@ def test_wrong_kernel_fails_the_row_bound(a5sim, variant):
 
 
 @pytest.mark.parametrize("variant", ["compute_padding", "skip_padding"])
-def test_padding_rows_written_wrong_fail_the_padding_check(a5sim, variant):
-    verdicts, out, gold = run_variant(a5sim, PADDED, variant=variant)
+def test_padding_rows_written_wrong_fail_the_padding_check(numerics, variant):
+    verdicts, out, gold = run_variant(numerics, PADDED, variant=variant)
     assert failing(verdicts) == {("y", "zero_rows")}, [v.line() for v in verdicts
                                                        if not v.passed]
     zero = next(v for v in verdicts if (v.output, v.check) == ("y", "zero_rows"))

@@ -29,14 +29,14 @@ def run(platform, builder: str, abi: str, case: dict, args: dict, **options):
     return platform.launch(program, 0, args).raise_for_error().outputs
 
 
-def test_fp4_expert_planes_are_exact_for_every_byte(a5sim):
+def test_fp4_expert_planes_are_exact_for_every_byte(numerics):
     n, k = 128, 512  # 256 packed bytes a row: row r holds every byte value, rotated by r
     row = torch.arange(256, dtype=torch.int64)
     packed = torch.stack([(row + r) % 256 for r in range(n)]).to(torch.uint8)
     g = torch.Generator().manual_seed(4)
     scales = torch.tensor(SCALES, dtype=torch.uint8)[
         torch.randint(len(SCALES), (n, k // 32), generator=g)]
-    out = run(a5sim, "build_fp4", "abi_fp4", {"n": n, "k": k},
+    out = run(numerics, "build_fp4", "abi_fp4", {"n": n, "k": k},
               {"packed": packed[None], "scales": scales[None],
                "lo": torch.zeros((n, k // 2), dtype=torch.bfloat16),
                "hi": torch.zeros((n, k // 2), dtype=torch.bfloat16)})
@@ -46,7 +46,7 @@ def test_fp4_expert_planes_are_exact_for_every_byte(a5sim):
 
 
 @pytest.mark.parametrize("table", [True, False], ids=["whole_rows", "arithmetic"])
-def test_fp8_linear_tiles_are_exact_for_every_code(a5sim, table):
+def test_fp8_linear_tiles_are_exact_for_every_code(numerics, table):
     n, k = 128, 256
     codes = torch.arange(n * k, dtype=torch.int64).reshape(n, k) % 256
     codes[(codes & 0x7F) == 0x7F] = 0  # E4M3 NaN codes are never published
@@ -54,7 +54,7 @@ def test_fp8_linear_tiles_are_exact_for_every_code(a5sim, table):
     g = torch.Generator().manual_seed(5)
     ws = torch.tensor(SCALES, dtype=torch.uint8)[
         torch.randint(len(SCALES), (n // 32, k // 32), generator=g)]
-    out = run(a5sim, "build_fp8", "abi_fp8", {"n": n, "k": k},
+    out = run(numerics, "build_fp8", "abi_fp8", {"n": n, "k": k},
               {"w": w, "ws": ws, "out": torch.zeros((n, k), dtype=torch.bfloat16)},
               table=table)
     gold = dequantize_fp8_weight(w.view(torch.float8_e4m3fn), ws).to(torch.bfloat16)

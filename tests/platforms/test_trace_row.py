@@ -23,11 +23,11 @@ LOOSE = 1e-3  # relative RMS of an FP32-reassociation difference is ~1e-7; a def
 
 
 @pytest.fixture(scope="module")
-def recorded(a5sim, tmp_path_factory):
+def recorded(numerics, tmp_path_factory):
     where = tmp_path_factory.mktemp("records")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(launch_record.ENV, str(where))
-        result = run_case(CASE, platform=a5sim)
+        result = run_case(CASE, platform=numerics)
     assert result.status == "pass", result.failure_text()
     return where
 
