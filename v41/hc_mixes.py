@@ -14,6 +14,11 @@ pass 1 ``M = softmax_row(logits) + eps; M /= colsum(M) + eps``; passes 2..n
 ``M /= rowsum(M) + eps; M /= colsum(M) + eps`` (``comb[t, in, out]``, rows = in lanes).
 The passes are unrolled at trace time on ``[rows, hc, hc]`` tiles.
 
+Schedule (FLASH, estimate / roofline): T = 4 / 48 / 192 / 384: 35.7 / 77.0 / 80.3 / 94.6 ->
+31.7 / 65.8 / 49.9 / 77.0 us (T=192: 6.5x -> 4.0x).  The bound is the AICPU task graph:
+constants built per row iteration (not once with an edge to every iteration), 20 cube
+tasks an iteration, Sinkhorn 4 rows a task in a nested loop (see the constants below).
+
 The mean of squares is summed lane by lane (``sum_h sum_d x[h, d]^2``) so that each
 reduction stays inside one ``[rows, D]`` vector tile.
 
@@ -63,22 +68,31 @@ BIG_ROW_TILE = 96
 # at a time (FLASH T=512 228.9 us, T=1024 481.9, against 211.1 / 426.7 with 8-row tiles);
 # with 192: 188.2 / 321.5 (compile 1.8-2.5 s CPU against 0.6-0.9 at T <= 192).
 HUGE_ROW_TILE = 192
-# Cube M tile of those products: [48, 256] FP32 operands fill 48 KiB of L0A.  With 16 the
-# [96, 1024] products were 6x as many traced cube tiles (compile 1.03 -> 0.62 s CPU at FLASH
-# T=192, 73.0 -> 67.7 us, measured with Sinkhorn in a loop of its own, see below).
-BIG_CUBE_M = 48
+# Cube M tile of those products, with an L0 K step of BIG_CUBE_K: [96, 128] FP32 operands
+# fill 48 KiB of L0A.  With 16 the [96, 1024] products were 6x as many traced cube tiles
+# (compile 1.03 -> 0.62 s CPU at FLASH T=192); M 48 / K step 256 was 40 cube tasks an
+# iteration instead of 20 (FLASH T=192 69.6 -> 61.3 us, same bits).
+BIG_CUBE_M = 96
+BIG_CUBE_K = 128
 # The K-tile partials of a one-tile or BIG_ROW_TILE launch go to one scratch row block and
 # come back in one copy per GATHER_ROWS-row vector tile (20 copies of 1.4 k cycles of GM
 # latency each, one after the other, were 30 k of the adding task's 44 k; FLASH T=7 50.1 ->
 # 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
-# (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.
+# (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.  Big
+# launches also scale by the RMS factor on those tiles (one [96, 24] task of 13.4 k cycles
+# before), then ONE task a row tile computes pre / post / the logits, so that the Sinkhorn
+# loop's reads have one writer (32-row logits pieces left a writer stranded, order_audit
+# TINY T=64).
 GATHER_ROWS = 32
-# BIG_ROW_TILE launches run Sinkhorn ROW_TILE rows a task (one row a task was 96 tasks of
-# 14.9 k cycles an iteration and 15 k traced ops; 8 rows: 12 tasks of 43.4 k), inside the
-# row loop: in a loop of its own after it, reading the logits from a kernel-local
+# BIG_ROW_TILE launches run Sinkhorn SINKHORN_ROWS rows a task in a loop nested in the row
+# iteration (one root function per task, traced once): 8 rows a task unrolled in the row
+# iteration were 12 tasks of 44.6 k cycles (4 rows unrolled: 24 of 24.2 k but compile 1.2
+# -> 2.1 s CPU; nested, 2 rows: 50.6 us, 8 rows: 57.5, 1 row: 91.1 against 49.9 at FLASH
+# T=192).  In a loop of its own after the row loop, reading the logits from a kernel-local
 # [tokens, hc, hc] tensor, every Sinkhorn task got an edge from the LAST row iteration's
-# writer only (pypto 0.2.0 tracks a dynamic axis as one cell; dyn_topo.txt at FLASH
-# T=192), so the first iteration's rows were read unordered.
+# writer only (pypto 0.2.0 tracks a dynamic axis as one cell), so the first iteration's rows
+# were read unordered; the nested loop reads its own iteration's [rows, hc, hc] tile.
+SINKHORN_ROWS = 4
 
 VARIANTS = {
     "reference": "the contract",
@@ -200,7 +214,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     else:
         rows = HUGE_ROW_TILE if n_tokens > 2 * BIG_ROW_TILE else BIG_ROW_TILE
     gather = big or row_tiles == 1
-    sinkhorn_rows = ROW_TILE if big else 1
     nq = -(-hc_dim // MATMUL_K_TILE)
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     options = jit_options(runtime_options)
@@ -220,16 +233,10 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
         if gather:
             parts = pypto.Tensor([tokens, nq * mix], pypto.DT_FP32)  # K-tile partials
-        pypto.set_vec_tile_shapes(1, 32)
-        s2 = pypto.reshape(scale, [1, 3])
-        b2 = pypto.reshape(base, [1, mix])
-        # per-group scale rows (a [1, 1] operand may broadcast along one axis only)
-        sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
-        sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
-        sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
         # FP32 operands: L0A holds m0 x k0 and L0B k0 x n0 x 4 bytes, each <= 64 KiB
         m0 = BIG_CUBE_M if big else 16
-        pypto.set_cube_tile_shapes([m0, m0], [256, MATMUL_K_TILE], [32, 32])
+        k0 = BIG_CUBE_K if big else 256
+        pypto.set_cube_tile_shapes([m0, m0], [k0, MATMUL_K_TILE], [32, 32])
         for i in pypto.loop((tokens + rows - 1) // rows, name="HC_MIXES_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
@@ -244,10 +251,20 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                                parts, start)  # [rows, mix]
             else:
                 mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)
-            pypto.set_vec_tile_shapes(rows, 32)
+            pypto.set_vec_tile_shapes(min(rows, GATHER_ROWS) if big else rows, 32)
+            # built in every row iteration: built once before the loop, their 2-4 tasks had
+            # an edge to every iteration's consumers (serial resolves of 2.7 k cycles each,
+            # which delayed the first products; FLASH T=192 59.4 -> 49.2 us)
+            s2 = pypto.reshape(scale, [1, 3])
+            b2 = pypto.reshape(base, [1, mix])
+            # per-group scale rows (a [1, 1] operand may broadcast along one axis only)
+            sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
+            sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
+            sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
             if use_rms:
                 rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
                 mm = pypto.mul(mm, rstd)
+            pypto.set_vec_tile_shapes(rows, 32)  # one task: the logits' only writer
             z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0], valid_shape=[valid, hc]),
                                         sc_pre),
                               pypto.view(b2, [1, hc], [0, 0]))
@@ -261,9 +278,19 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
             pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
             pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
-            pypto.set_vec_tile_shapes(sinkhorn_rows, 16, 32)
             logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
-            m = _sinkhorn(pypto, logits, passes, eps, row_last)
-            pypto.assemble(m, [start, 0, 0], comb)
+            if big:
+                sr = SINKHORN_ROWS
+                for j in pypto.loop((valid + sr - 1) // sr, name="HC_MIXES_SINKHORN",
+                                    idx_name="s"):
+                    pypto.set_vec_tile_shapes(sr, 16, 32)
+                    lj = pypto.view(logits, [sr, hc, hc], [j * sr, 0, 0],
+                                    valid_shape=[(valid - j * sr).min(sr), hc, hc])
+                    m = _sinkhorn(pypto, lj, passes, eps, row_last)
+                    pypto.assemble(m, [start + j * sr, 0, 0], comb)
+            else:
+                pypto.set_vec_tile_shapes(1, 16, 32)
+                m = _sinkhorn(pypto, logits, passes, eps, row_last)
+                pypto.assemble(m, [start, 0, 0], comb)
 
     return hc_mixes
