@@ -18,11 +18,9 @@ Per enabled request ``r`` (``block = state_block_table[r, 0] >= 0``, chunk
    that wrote a tensor only: with the ring rows in the workspace, neither the pooling nor
    the ring writes had an edge from the ring reads).  Along workspace's dynamic rows it
    gives a reader an edge from the LAST projection row tile only, so with several row
-   tiles a mark per row tile (:mod:`v41.order`) feeds a gate that every pooling tile
-   waits for: in a launch of big row tiles, one task per column cell of the products
-   that zeroes that cell of workspace row 0 (never read) and so is its last writer; in
-   small launches, a ``[1, 2*head_dim]`` of exactly 1.0 the pooling multiplies its read
-   by.  A launch of one row tile needs neither;
+   tiles the pooling tiles read the workspace rows times a ``[1, 2*head_dim]`` of exactly
+   1.0 from one gate task over a mark per projection row tile (:mod:`v41.order`): each
+   waits for every row tile.  A launch of one row tile needs neither (times 1.0);
 2. per tile of ROW_TILE tokens of a request: pooling of each token with its predecessor
    (per-channel softmax over the pair, FP32), BF16 round, RMSNorm -> latent (one
    subgraph, the norm weight's ``[1, d]`` row read inside it), then publication at
@@ -57,15 +55,14 @@ task (T=192 491 -> 246 tasks): T=192 142.9 -> 114.4 us, T=48 114.8 -> 102.7, T=4
 (five 8-row projection tiles) 36.4 -> 38.5 and 70.6 -> 73.6 us with the mark tensor sized
 to the launch's row tiles (41.7 and 80.0 with 1024 rows).  Those "before" figures had the
 race; the outputs are byte-equal to the kernel before.
-Then the gate as the last writer of workspace (big row tiles): each of the last row tile's
-8 products had an edge to every pooling tile (28 at T=192), resolved serially (390 cycles
-each) before its mark; one gate task writing all of row 0 gets 8 edges per pooling tile
-(one per column cell: 84 k cycles of resolve), so 8 gate tasks, one per cell.  No mark or
-gate with one row tile.  FLASH T=4 / 48 / 192 77.7 / 99.5 / 111.2 -> 70.9 / 92.7 / 104.9
-us, compressor_state 156.5 / 204.4 / 236.5 -> 150.3 / 197.8 / 215.8; TINY 35.2 -> 29.4
-(one row tile), the others unchanged.  Tried: a join task per row tile copying the products
-into workspace (the join merged into the cube tasks, 241 us; through a kernel-local
-scratch, split into 16 tasks and the third row tile waited for the first two, 166 us).
+Then no marks or gate in a launch of one projection row tile (its edges are exact): FLASH
+T=4 77.7 -> 70.9 us, compressor_state 156.5 -> 150.3, TINY 35.2 -> 29.4.  Tried: the gate
+as 8 one-task pieces zeroing workspace row 0 (never read), one per product column cell,
+so that they and not the last row tile's products carry the pooling tiles' edges: T=192
+111.2 -> 104.9 us but T=192 with 180 active 106.1 -> 121.9 (the same number of edges,
+moved onto tasks the cost model placed on one AICPU, which resolved them one after
+another); a join task per row tile copying the products into workspace (merged into the
+cube tasks, 241 us; through a kernel-local scratch, split into 16 tasks, 166 us).
 
 A disabled request (block -1) or an empty one reads no ring row and writes nothing but its
 tokens' projection rows in the workspace (its loops run zero times; the ring read sits
@@ -206,28 +203,15 @@ def _gated_ones(pypto, marks, n, width):
         return pypto.reshape(ones, [1, width])
 
 
-def _gate_workspace(pypto, marks, n, workspace, width):
-    """``workspace[0, :width] = 0`` (0 times exactly 1.0 from :func:`v41.order.gated` over
-    ``marks[:n]``), one task per PROJ_N columns (the products' column cells): each waits
-    for the ``n`` projection row tiles and, writing after them, is the last writer of its
-    cell, so a later root function reading the workspace gets its edges from these tasks
-    (pypto 0.2.0 gives a reader one edge per column cell, from its last writer)."""
-    for c0 in range(0, width, PROJ_N):  # unrolled at trace time
-        with one_subgraph(pypto):
-            pypto.set_vec_tile_shapes(PROJ_N)
-            zero = order.gated(pypto, marks, n, pypto.full([PROJ_N], 0.0, pypto.DT_FP32))
-            pypto.set_vec_tile_shapes(1, PROJ_N)
-            pypto.assemble(pypto.reshape(zero, [1, PROJ_N]), [0, c0], workspace)
-
-
 def _pool_stage(pypto, prevs, workspace, one, norm, state_cache, position_ids, nreq, r, start,
                 first, valid, rows, d, sw, eps, ring_rows):
     """BF16 latents of a tile of request ``r`` from row ``start`` (``first`` 1 for the
     chunk's first tile): each token pooled with its predecessor, BF16 round, RMSNorm; and
     the tile's ring writes; one subgraph, one task beside the copy-in of ``prevs[r]``.  The
-    workspace rows are read times ``one`` (1.0, or ``[1, sw]`` of exactly 1.0 from the
-    projection's gate: the read waits for every projection row tile; the product keeps the
-    bits and, also as 1.0, keeps the read in the tile's task).
+    workspace rows are read times ``one`` (1.0 after a projection of one row tile, else
+    ``[1, sw]`` of exactly 1.0 from the projection's gate: the read waits for every
+    projection row tile; the product keeps the bits and, also as 1.0, keeps the read in the
+    tile's task).
     ``ring_rows`` is ``None`` (no ring writes) or
     ``(blk, lo, hi, ring)``: token ``t`` of the tile with ``lo <= t < hi`` writes its
     projection row to ring row ``position_ids[t] % ring`` of state block ``blk``."""
@@ -387,16 +371,13 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                     prev = pypto.view(state_cache, [1, 1, sw], [blk, (p0 + ring - 1) % ring, 0])
                     pypto.set_vec_tile_shapes(1, sw)
                     pypto.assemble(pypto.reshape(prev, [1, sw]), [r, 0], prevs)
-        # phases 2 and 3 per tile of a request: pooling, the ring writes, publication.  The
-        # pooling tiles wait for every projection row tile through the gate (pypto 0.2.0
-        # gives a reader of workspace an edge from the last one only): its tasks write
-        # workspace last (big row tiles) or the 1.0 the pooling multiplies its read by; the
-        # gate reads marks, so it runs only when the projection did
+        # phases 2 and 3 per tile of a request: pooling, the ring writes, publication.  With
+        # several projection row tiles the pooling tiles read workspace times a 1.0 gated on
+        # every one of them (pypto 0.2.0 gives a reader of workspace an edge from the last
+        # one only); the gate reads marks, so it runs only when the projection did
         if num > 0:
             one = 1.0
-            if proj_done is not None and big:
-                _gate_workspace(pypto, proj_done, (num + prow - 1) // prow, workspace, sw)
-            elif proj_done is not None:
+            if proj_done is not None:
                 one = _gated_ones(pypto, proj_done, (num + prow - 1) // prow, sw)
             for r in pypto.loop(nreq, name="C2_POOL", idx_name="r"):
                 s = query_start_loc[r]
