@@ -63,6 +63,9 @@ so that they and not the last row tile's products carry the pooling tiles' edges
 moved onto tasks the cost model placed on one AICPU, which resolved them one after
 another); a join task per row tile copying the products into workspace (merged into the
 cube tasks, 241 us; through a kernel-local scratch, split into 16 tasks, 166 us).
+Then L1 K tiles with the fewest copy-ins (:func:`projection_k_tiles`; x's whole row in
+8-row tiles): FLASH T=4 70.9 -> 67.7 us, T=48 99.5 -> 91.1, T=192 111.2 -> 102.3 (180
+active 106.1 -> 106.3, T=512 unchanged), compressor_state T=192 236.5 -> 227.7; same bits.
 
 A disabled request (block -1) or an empty one reads no ring row and writes nothing but its
 tokens' projection rows in the workspace (its loops run zero times; the ring read sits
@@ -106,6 +109,8 @@ result; its row 0 is zeroed, its rows 1 .. ``requests - 1`` are not written).
 
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
+import math
+
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.compressor_common import K_STEP, publish_latent, rms_norm_rows
 from v41.compressor_ratio1 import dims as _publication_dims
@@ -183,15 +188,32 @@ def abi(config, case: dict):
 
 
 def projection_k_tiles(m: int, hidden: int) -> list:
-    """``[k0, kL1A, kL1B]`` of the FP32 projection with ``m``-row tiles: wkv / wgate in K
-    pieces of K_STEP rows, x in the largest power-of-two multiple of K_STEP dividing
-    ``hidden`` that fits L1 beside them; the interpreter sums K in pieces of
-    ``gcd(kL1A, kL1B)`` = K_STEP, as with ``[K_STEP, K_STEP]``, so the bits do not change."""
-    k_a = K_STEP
-    while (hidden % (2 * k_a) == 0
-           and (m * 2 * k_a + K_STEP * PROJ_N) * 4 <= L1_BYTES):
-        k_a *= 2
-    return [64, k_a, K_STEP]
+    """``[k0, kL1A, kL1B]`` of the FP32 projection with ``m``-row tiles: the L1 K tiles of
+    x (``kL1A``, a divisor of ``hidden``) and of wkv / wgate (``kL1B``) with the fewest
+    copy-ins per cube task, both multiples of K_STEP that fit L1 together (pypto takes two
+    L1 K tiles when one covers the whole K or the larger is a multiple of the smaller).  The
+    cost model charges each copy-in ~1,400 cycles of latency beside its bytes, which do not
+    depend on the tiles.  ``gcd(kL1A, kL1B)`` stays K_STEP, so the interpreter sums K in
+    K_STEP pieces as with ``[K_STEP, K_STEP]`` and the bits do not change.  Ties take the
+    wider x tile.  FLASH (hidden 5120): 8-row tiles ``[5120, 256]`` (21 copies, 25 with the
+    power-of-two x tiles before), 64-row ``[1280, 256]`` (24, 25 before)."""
+    if hidden <= K_STEP or hidden % K_STEP:
+        return [64, K_STEP, K_STEP]
+    best = None
+    for k_a in range(K_STEP, hidden + 1, K_STEP):
+        if hidden % k_a:
+            continue
+        for k_b in range(K_STEP, hidden + 1, K_STEP):
+            nested = max(k_a, k_b) >= hidden or max(k_a, k_b) % min(k_a, k_b) == 0
+            if (not nested or math.gcd(k_a, k_b) != K_STEP
+                    or (m * k_a + k_b * PROJ_N) * 4 > L1_BYTES):
+                continue
+            key = (-(-hidden // k_a) + -(-hidden // k_b), -k_a)
+            if best is None or key < best[0]:
+                best = (key, k_a, k_b)
+    if best is None:
+        return [64, K_STEP, K_STEP]
+    return [64, best[1], best[2]]
 
 
 def _gated_ones(pypto, marks, n, width):

@@ -138,3 +138,26 @@ def test_host_chunks_equal_one_launch(a5sim):
     assert sum(int((produced.outputs[k] != gold[k]).sum()) for k in fx.CACHES) == 0
     assert all_passed(entry_mod.compare(CASE.config, CASE, inputs, gold, produced.outputs))
     assert len(produced.costs) == 1 and produced.costs[0]["launches"] == 5
+
+
+@pytest.mark.parametrize("m", [8, 16, 32, 48, 64, 96, 128, 176, 256])
+@pytest.mark.parametrize("hidden", [256, 512, 5120])
+def test_projection_k_tiles_keep_the_k_pieces_and_fit_l1(m, hidden):
+    """The projection's L1 K tiles: a pair pypto accepts (one whole K, or the larger a
+    multiple of the smaller), both in L1 beside each other, and the interpreter's K piece
+    ``gcd`` still K_STEP (same bits as ``[K_STEP, K_STEP]``), with no more copy-ins."""
+    import math
+
+    from v41.compressor_common import K_STEP
+    from v41.compressor_ratio2 import PROJ_N, projection_k_tiles
+    from v41.cube_tiles import L1_BYTES
+
+    _, k_a, k_b = projection_k_tiles(m, hidden)
+    assert hidden % k_a == 0 and k_b % K_STEP == 0
+    assert max(k_a, k_b) >= hidden or max(k_a, k_b) % min(k_a, k_b) == 0
+    assert math.gcd(k_a, k_b) == K_STEP
+    assert (m * k_a + k_b * PROJ_N) * 4 <= L1_BYTES
+    copies = -(-hidden // k_a) + -(-hidden // k_b)
+    assert copies <= 2 * (hidden // K_STEP)
+    if hidden == 5120 and m == 8:
+        assert (k_a, k_b) == (5120, 256)  # x's whole row tile: 21 copy-ins, not 25
