@@ -46,13 +46,23 @@ launch, at most 128 per stitched submission): T=512 (500 active) 303.5 -> 403.7 
 blocks in the row iteration instead: 403.7 -> 283.3 us, 420.6 -> 259.8, T=384 272.9 ->
 260.9 (unrolled in a one-tile launch: T=192 (190 active) 144.0 -> 164.0 us, the vector
 merge pairing the unrolled blocks, 432 -> 422 tasks).  A one-tile launch of more than
-``CLONE_ROWS`` rows has each head copy the ``MX(qr)`` join tile first
+``CLONE_ROWS`` rows (now any launch) has each head copy the ``MX(qr)`` join tile first
 (:func:`v41.rope_heads.project_heads_tile`'s ``clone_rows``; the join's three tasks had
 321 / 225 / 129 successor edges, the head products waiting for their serial resolve):
 T=192 136.5 -> 132.1 us (383 -> 447 tasks), (190 active) 144.0 -> 137.2.  Copies in every
 launch: T=4 / 48 84.4 / 85.9 -> 86.9 / 88.4 us, T=512 (500 active) 291.7 -> 326.1, T=384
 260.9 -> 205.6 (not taken: the 500-row launch).  Tried: each head its own E4M3 table 143.0
-us; each head its own rope constants 189.6 us.
+us; each head its own rope constants 189.6 us.  The join copy on the clones' ``[64, q_lora]``
+vector tiles instead of ``[64, 1024]`` + ``[64, 256]`` (:func:`v41.rope_heads.mx_row_tile`):
+every head's clone read 8 join tile pairs, 257 successor edges on one join task (~100 k
+serial AICPU cycles, the last head's clone started 92 k cycles after the join), now 65 + 33
+on its two tasks: FLASH T=4 / 48 / 192 84.4 / 85.9 / 132.1 -> 80.3 / 81.1 / 102.3 us, (190
+active) 137.2 -> 105.5; with it the clones pay off in launches of several row tiles too
+(T=512 (500 active) 303.5 -> 279.2 without them, 262.5 with; T=512 269.9 -> 229.7, T=384
+201.7 -> 166.4).  Tried after it: join and clones on 96-row tiles (one task each, 2 edges
+a head) 103.3 us; HEAD_TILE_ROWS 96 104.8; MX_COLS 32 107.6; the rope rows' ``cos @
+expand`` / ``(sin @ expand) * sign`` built once per row tile for every head 114.2; two heads
+per IQ_HEADS iteration sharing one clone 121.9 (the merge paired their stages).
 
 ABI
 ---
@@ -182,8 +192,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     # several row tiles: the MX(qr) blocks unrolled in the row iteration (fewer root
     # functions per stitched submission); one: the nested loop IQ_QRQ
     mx_loop = None if d["tokens"] > rows else "IQ_QRQ"
-    # one row tile of several join-copy tiles: each head copies the join tile first
-    clone = mx_loop is not None and rows > CLONE_ROWS
+    # row tiles of several join-copy tiles: each head copies the join tile first
+    clone = rows > CLONE_ROWS
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
     tokens_dim = pypto.frontend.dynamic("tokens")

@@ -55,7 +55,11 @@ with the blocks unrolled when built for several row tiles, T=1024 1,566 -> 1,181
 row tile with 12 / 33 successor edges (the AICPU resolved them before dispatching the
 weight decodes): T=192 344.2 -> 319.6 us (T=384 458.2 -> 464.4; 12 + 16 tasks more); in
 smaller row tiles the extra tasks cost more than the edges (T=4 210.9 -> 209.0, T=48 210.2
--> 216.7, TINY T=9 TP4 57.5 -> 59.5), so they keep one table.  Tried:
+-> 216.7, TINY T=9 TP4 57.5 -> 59.5), so they keep one table.  The ``MX(qr)`` join copy
+on the clones' ``[64, q_lora]`` vector tiles instead of ``[64, 1024]`` + ``[64, 256]`` (each
+clone read 8 join tile pairs, a successor edge each; :func:`normalize_q_tile`): T=4 / 48 /
+192 210.9 / 210.2 / 319.6 -> 205.5 / 205.9 / 314.1 us, T=1024 1,182.4 -> 1,180.9 (the same
+fix took ``index_query`` 132.1 -> 102.3 us).  Tried:
 96-row tiles at T=192 (two row tiles, every weight decoded twice) 365.1 us; 64-row
 ``wq_a`` / ``wkv`` weight tiles with 32-channel ``MX(qr)`` blocks 394.6 us (no core busy
 for 129 k cycles while the 32 blocks' edges resolved).  Tried on the earlier schedule:
@@ -233,7 +237,7 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
         _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
                          width)
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(ql))
+        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), ql)
         return pypto.mul(pypto.view(qrq, [rows, ql], [start, 0], valid_shape=[valid, ql]), 1.0)
 
 

@@ -64,11 +64,14 @@ def mx_row_tile(pypto, x, xq, start, rows, valid, width, name):
     the same BF16 rows as a ``[rows, k]`` tile for the row tile's products: :func:`mx_rows`
     (``name``: its column loop, None unrolled), then ONE task (waiting for every column
     block's writer) copies the rows (times 1.0, exact) into the returned tile, which a
-    product in a later nested loop waits for through one edge."""
+    product in a later nested loop waits for through one edge.  The copy's vector tiles are
+    the clones' (``[CLONE_ROWS, k]``, :func:`project_heads_tile`): a reader in another root
+    function gets one successor edge per overlapping tile pair, and ``[64, 1024]`` +
+    ``[64, 256]`` tiles gave each FLASH ``index_query`` clone 8 (257 on one join task)."""
     k = x.shape[1]
     mx_rows(pypto, x, xq, start, rows, valid, width, name)
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), mx_linear.cols(k))
+        pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
         return pypto.mul(pypto.view(xq, [rows, k], [start, 0], valid_shape=[valid, k]), 1.0)
 
 
