@@ -12,12 +12,15 @@ row]; with ``s = scale``, ``b = base``, ``hc_eps = config.hc.eps``:
 Sinkhorn: EXACTLY ``config.hc.sinkhorn_iters`` passes (the pass count is part of the math):
 pass 1 ``M = softmax_row(logits) + eps; M /= colsum(M) + eps``; passes 2..n
 ``M /= rowsum(M) + eps; M /= colsum(M) + eps`` (``comb[t, in, out]``, rows = in lanes).
-The passes are unrolled at trace time on ``[rows, hc, hc]`` tiles.
+The passes are unrolled at trace time on ``[rows, hc, hc]`` tiles (launches of more than
+SPLIT_K_MAX_ROW_TILES row tiles: on the lanes stacked in one 2-D tile, :func:`_big_comb`).
 
 Schedule (FLASH, estimate / roofline): T = 4 / 48 / 192 / 384: 35.7 / 77.0 / 80.3 / 94.6 ->
-31.7 / 65.8 / 49.9 / 77.0 us (T=192: 6.5x -> 4.0x).  The bound is the AICPU task graph:
-constants built per row iteration (not once with an edge to every iteration), 20 cube
-tasks an iteration, Sinkhorn 4 rows a task in a nested loop (see the constants below).
+31.7 / 65.8 / 49.9 / 77.0 -> 31.7 / 65.8 / 45.2 / 64.7 us (T=192: 6.5x -> 4.0x -> 3.7x).  The
+bound is the AICPU task graph: constants built per row iteration (not once with an edge to
+every iteration), 20 cube tasks an iteration, then the K-tile adds with the Sinkhorn logits
+and one Sinkhorn task a 96 rows on stacked lanes (see the constants below).  At T=192 the
+products end at 46 k cycles, the last adds at 58.5 k, its Sinkhorn task runs 64.6 -> 93.8 k.
 
 The mean of squares is summed lane by lane (``sum_h sum_d x[h, d]^2``) so that each
 reduction stays inside one ``[rows, D]`` vector tile.
@@ -43,6 +46,7 @@ comb    (tokens, hc, hc)        float32   out
 # No ``from __future__ import annotations``: the pypto frontend reads the kernel's
 # parameter annotations as objects.
 from v41.abi import Arg, case_int, jit_options, resolve
+from v41.subgraph import one_subgraph
 
 ROW_TILE = 8  # rows per loop iteration up to SPLIT_K_MAX_ROW_TILES row tiles
 # FP32 elements per vector tile of the sum of squares (80 KiB): [4, 5120] at FLASH; the old
@@ -80,19 +84,31 @@ BIG_CUBE_K = 128
 # 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
 # (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.  Big
 # launches also scale by the RMS factor on those tiles (one [96, 24] task of 13.4 k cycles
-# before), then ONE task a row tile computes pre / post / the logits, so that the Sinkhorn
-# loop's reads have one writer (32-row logits pieces left a writer stranded, order_audit
-# TINY T=64).
+# before) and compute the Sinkhorn logits there (32-row pieces of a kernel-local tensor read
+# by the Sinkhorn task of the same row iteration: ordered at TINY T=64 and FLASH T=100-384;
+# read by a NESTED Sinkhorn loop, such pieces had left a writer stranded), then one task a
+# row tile computes pre / post.
 GATHER_ROWS = 32
-# BIG_ROW_TILE launches run Sinkhorn SINKHORN_ROWS rows a task in a loop nested in the row
-# iteration (one root function per task, traced once): 8 rows a task unrolled in the row
-# iteration were 12 tasks of 44.6 k cycles (4 rows unrolled: 24 of 24.2 k but compile 1.2
-# -> 2.1 s CPU; nested, 2 rows: 50.6 us, 8 rows: 57.5, 1 row: 91.1 against 49.9 at FLASH
-# T=192).  In a loop of its own after the row loop, reading the logits from a kernel-local
-# [tokens, hc, hc] tensor, every Sinkhorn task got an edge from the LAST row iteration's
-# writer only (pypto 0.2.0 tracks a dynamic axis as one cell), so the first iteration's rows
-# were read unordered; the nested loop reads its own iteration's [rows, hc, hc] tile.
-SINKHORN_ROWS = 4
+# BIG_ROW_TILE launches run Sinkhorn on SINKHORN_ROWS rows a task (unrolled in the row
+# iteration) in ONE 2-D tile: the hc lanes logits[:, i, :] stacked as [hc * rows, hc]
+# (:func:`_big_comb`).  The cost model charges a vector op per 2-D slice (~40-60 cycles of
+# latency, little per byte): on [rows, hc, hc] tiles each op cost rows slices (4-row tasks of
+# 23 k cycles, 48 of them dispatched 60 -> 76 k cycles at FLASH T=192); stacked, the row sums
+# are one sum(-1), the column sums three adds of row blocks and one div by the sum
+# concatenated hc times (UB views / assembles, free): 96 rows in 15.5 k cycles of vector
+# work, plus 5.8 k of lane copy-ins (a UB column view narrower than 32 bytes goes through GM)
+# and 8.3 k to write the lanes back as [rows, 1, hc] (a reshape goes through GM).  FLASH
+# T=192 49.9 -> 45.2 us, T=384 77.0 -> 64.7 (TINY 74.6 -> 55.0), same bits.  Tried: 48- / 24-row
+# tasks (44.4 / 43.7 us, compile 1.6 / 1.9-2.2 s CPU against 0.85-1.1 at T=4), the same in a
+# nested loop (84-85 us), the lanes as four [rows, hc] tiles (33.5 k cycles a task), the
+# result through a [tokens, hc*hc] scratch (cycle in the task graph), a reshaped output
+# (pypto 0.2.0 drops writes to an in-place reshape of an output).  (Before: [sr, hc, hc]
+# tiles, 4 rows a task in a nested loop; 8 rows a task unrolled were 12 tasks of 44.6 k
+# cycles; nested, 2 rows: 50.6 us, 8 rows: 57.5, 1 row: 91.1.)  The logits are read from a
+# kernel-local [tokens, hc*hc] tensor written in the same row iteration (a Sinkhorn loop of
+# its own after the row loop read the first iteration's rows unordered: pypto 0.2.0 tracks a
+# dynamic axis as one cell).
+SINKHORN_ROWS = 96
 
 VARIANTS = {
     "reference": "the contract",
@@ -142,6 +158,47 @@ def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
             m = pypto.div(m, pypto.add(pypto.sum(m, -1, keepdim=True), eps))
             m = pypto.div(m, pypto.add(pypto.sum(m, -2, keepdim=True), eps))
     return m
+
+
+def _sinkhorn_stacked(pypto, s, hc: int, passes: int, eps: float, row_last: bool, rows: int):
+    """:func:`_sinkhorn` on one ``[hc * rows, hc]`` tile of stacked lanes (row
+    ``i * rows + t`` is ``logits[t, i, :]``): the row sums are ``sum(-1)``, the column sums
+    the ``hc`` row blocks added in lane order (as ``sum(-2)`` adds them)."""
+
+    def rownorm(s):
+        return pypto.div(s, pypto.add(pypto.sum(s, -1, keepdim=True), eps))
+
+    def colnorm(s):
+        b = [pypto.view(s, [rows, hc], [i * rows, 0]) for i in range(hc)]
+        c = b[0]
+        for m in b[1:]:
+            c = pypto.add(c, m)
+        c = pypto.add(c, eps)
+        return pypto.div(s, pypto.concat([c] * hc, 0))
+
+    e = pypto.exp(pypto.sub(s, pypto.amax(s, -1, keepdim=True)))
+    s = pypto.add(pypto.div(e, pypto.sum(e, -1, keepdim=True)), eps)
+    s = colnorm(s)
+    for _ in range(passes - 1):
+        s = rownorm(colnorm(s)) if row_last else colnorm(rownorm(s))
+    return s
+
+
+def _big_comb(pypto, zg, sr, valid, hc, passes, eps, row_last, comb, start):
+    """``comb`` rows ``start .. start + sr`` (``valid`` real) of a BIG_ROW_TILE launch from
+    the logits ``zg [tokens, hc * hc]``: one subgraph that copies the ``hc`` lanes
+    ``zg[:, i*hc:..]`` in stacked (row ``i * sr + t`` of one ``[hc * sr, hc]`` tile is
+    ``logits[t, i, :]``), runs Sinkhorn on that tile and writes each lane to
+    ``comb[:, i, :]``."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(hc * sr, 32)
+        lanes = [pypto.mul(pypto.view(zg, [sr, hc], [start, i * hc], valid_shape=[valid, hc]),
+                           1.0) for i in range(hc)]  # exact
+        m = _sinkhorn_stacked(pypto, pypto.concat(lanes, 0), hc, passes, eps, row_last, sr)
+        for i in range(hc):
+            mi = pypto.view(m, [sr, hc], [i * sr, 0], valid_shape=[valid, hc])
+            pypto.assemble(pypto.reshape(mi, [sr, 1, hc], valid_shape=[valid, 1, hc]),
+                           [start, i, 0], comb)
 
 
 def _k_tile_products(pypto, flat, fn, rows, valid, k, n):
@@ -233,6 +290,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
         if gather:
             parts = pypto.Tensor([tokens, nq * mix], pypto.DT_FP32)  # K-tile partials
+        if big:
+            zg = pypto.Tensor([tokens, hc * hc], pypto.DT_FP32)  # Sinkhorn logits
         # FP32 operands: L0A holds m0 x k0 and L0B k0 x n0 x 4 bytes, each <= 64 KiB
         m0 = BIG_CUBE_M if big else 16
         k0 = BIG_CUBE_K if big else 256
@@ -264,7 +323,13 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             if use_rms:
                 rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
                 mm = pypto.mul(mm, rstd)
-            pypto.set_vec_tile_shapes(rows, 32)  # one task: the logits' only writer
+            if big:  # the Sinkhorn logits in the gather tasks (a logits task was one more hop)
+                z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
+                                                        valid_shape=[valid, hc * hc]),
+                                             sc_comb),
+                                   pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+                pypto.assemble(z_comb, [start, 0], zg)
+            pypto.set_vec_tile_shapes(rows, 32)  # one task a row tile for pre / post
             z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0], valid_shape=[valid, hc]),
                                         sc_pre),
                               pypto.view(b2, [1, hc], [0, 0]))
@@ -272,23 +337,21 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                                     valid_shape=[valid, hc]),
                                          sc_post),
                                pypto.view(b2, [1, hc], [0, hc]))
-            z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
-                                                    valid_shape=[valid, hc * hc]),
-                                         sc_comb),
-                               pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+            if not big:
+                z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
+                                                        valid_shape=[valid, hc * hc]),
+                                             sc_comb),
+                                   pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
             pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
             pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
-            logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
             if big:
                 sr = SINKHORN_ROWS
-                for j in pypto.loop((valid + sr - 1) // sr, name="HC_MIXES_SINKHORN",
-                                    idx_name="s"):
-                    pypto.set_vec_tile_shapes(sr, 16, 32)
-                    lj = pypto.view(logits, [sr, hc, hc], [j * sr, 0, 0],
-                                    valid_shape=[(valid - j * sr).min(sr), hc, hc])
-                    m = _sinkhorn(pypto, lj, passes, eps, row_last)
-                    pypto.assemble(m, [start + j * sr, 0, 0], comb)
+                for c in range(rows // sr):  # unrolled; a tail's chunks overlap, never empty
+                    c0 = (valid - sr).max(0).min(c * sr)
+                    _big_comb(pypto, zg, sr, (valid - c0).min(sr), hc, passes, eps,
+                              row_last, comb, start + c0)
             else:
+                logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
                 pypto.set_vec_tile_shapes(1, 16, 32)
                 m = _sinkhorn(pypto, logits, passes, eps, row_last)
                 pypto.assemble(m, [start, 0, 0], comb)
