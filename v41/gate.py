@@ -52,20 +52,7 @@ from v41.cube_tiles import row_tile
 # 128 and the iota / bias rows built in each row iteration (built once before the loop, their
 # two tasks had an edge to every routing task: 4.7 k-cycle serial resolves each, ahead of the
 # casts) took FLASH T = 4 / 48 / 192 / 384 from 31.9 / 39.7 / 44.1 / 74.2 to 32.0 / 39.6 /
-# 42.2 / 72.6 us (same bits; ROUTE_ROWS 8: 43.5 at T=192).  The routing task builds its
-# expert / column indices in the tile (cumsum of ones: exact; the iota was a 1-D arange task
-# per row iteration, an edge to each routing task and a 1.4 k-cycle copy-in in it) and writes
-# indices / weights as one [rows, k] tile each: 8.4 k -> 6.7 k cycles a task, FLASH T = 4 / 7
-# / 48 / 192 / 384: 32.0 / 32.0 / 39.6 / 42.2 / 72.6 -> 31.2 / 31.2 / 39.0 / 41.1 / 70.3 us,
-# same bits.  The cube tasks are at their floor: each copies x and the weight in 1,024-wide
-# K pieces (the interpreter sums K in L1 K pieces; wider pieces change the FP32 sums), 10
-# copy-ins of 1,400 cycles latency plus bytes at ~95 B/cycle: 14 k + (64 + 48) x 5120 x 4 B
-# / 95.5 = 38 k of the 40.3 k-cycle task.  L1 (512 KiB) holds (rows + N) x 1024 x 4 B, so
-# rows + N <= 128, and 24-28 tasks on the 28 cube cores need rows x N >= 2,633 (rows + N >=
-# 103): no tiling goes under ~36 k cycles, which with the launch start (~9.5 k), the cast
-# (4.4 k) and the routing (6.7 k) bounds T=192 near 28 us (4x the 6.9 us roofline).  Tried:
-# casts as 1,024-wide pieces into a [tokens, hidden] scratch (the next row iteration's casts
-# waited for this one's products: 84.2 us), 640-wide cast tiles (41.2).
+# 42.2 / 72.6 us (same bits; ROUTE_ROWS 8: 43.5 at T=192).
 ROW_TILE = 64  # most token rows per loop iteration (one cube M tile)
 ROUTE_ROWS = 16  # rows of a routing vector tile (one task each)
 CUBE_CORES = 28  # A5
@@ -91,20 +78,6 @@ ABI = (
     Arg("indices", ("tokens", "k"), "int32", "out"),
     Arg("weights", ("tokens", "k"), "float32", "out"),
 )
-
-
-def _column_index(pypto, rows, valid, width):
-    """``[rows, width]`` FP32 column indices ``0 .. width - 1`` built in the tile (cumsum of
-    ones, exact): no constant tensor, no copy-in, no edge."""
-    ones = pypto.full([rows, width], 1.0, pypto.DT_FP32, valid_shape=[valid, width])
-    return pypto.sub(pypto.cumsum(ones, 1), 1.0)
-
-
-def _put_column(pypto, col, j, v, acc, rows, valid, width):
-    """``acc`` ``[rows, width]`` with column ``j`` set to the ``[rows, 1]`` values ``v``
-    (``where`` on the column index ``col``: no arithmetic, the values are copied)."""
-    ve = pypto.expand_clone(v, [rows, width], valid_shape=[valid, width])
-    return pypto.where(pypto.eq(col, float(j)), ve, 0.0 if acc is None else acc)
 
 
 def expert_tile(row_tiles: int, experts: int) -> int:
@@ -180,8 +153,11 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             x32 = pypto.cast(pypto.view(x_norm, [rows, hidden], [start, 0],
                                         valid_shape=[valid, hidden]), pypto.DT_FP32)
             logits = pypto.matmul(x32, gate_weight, pypto.DT_FP32, b_trans=True)  # [rows, E]
+            pypto.set_vec_tile_shapes(experts)  # 1-D: one tile (a 2-D shape tiles by 1 element)
+            iota = pypto.arange(0.0, float(experts), 1.0)
             pypto.set_vec_tile_shapes(1, experts)
             bias = pypto.reshape(correction_bias, [1, experts])
+            iota = pypto.reshape(iota, [1, experts])
             pypto.set_vec_tile_shapes(route_rows, experts)
             if use_temp:
                 logits = pypto.mul(logits, inv_temp)
@@ -193,7 +169,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                                     valid_shape=[valid, experts]))
             else:
                 b = s
-            iota_t = _column_index(pypto, rows, valid, experts)
+            iota_t = pypto.expand_clone(iota, [rows, experts], valid_shape=[valid, experts])
             ids = []
             ws = []
             for _ in range(k):  # unrolled at trace time
@@ -218,22 +194,14 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 for j in range(1, k):
                     total = pypto.add(total, ws[j])
                 denom = pypto.add(total, TOPK_NORM_EPS)
-            # the k columns put into one [rows, k] tile by ``where`` on a column index built
-            # in the tile, one copy-out per output (a concat of the k columns went through GM
-            # and a join task: 48.6 -> 45.8 us without it; 2k column copy-outs of ~310
-            # cycles each, one after the other, were 3.7 k of the 8.4 k-cycle routing task)
-            col = _column_index(pypto, rows, valid, k)
-            idx_t = None
-            w_t = None
+            # each column straight to its output column (a concat of the k columns went
+            # through GM and a join task: FLASH T=192 48.6 -> 45.8 us without it)
             for j in range(k):
                 wj = ws[j]
                 if normalize:
                     wj = pypto.div(wj, denom)
-                wj = pypto.mul(wj, scale)
-                idx_t = _put_column(pypto, col, j, ids[j], idx_t, rows, valid, k)
-                w_t = _put_column(pypto, col, j, wj, w_t, rows, valid, k)
-            pypto.assemble(pypto.cast(idx_t, pypto.DT_INT32), [start, 0], indices)
-            pypto.assemble(w_t, [start, 0], weights)
+                pypto.assemble(pypto.cast(ids[j], pypto.DT_INT32), [start, j], indices)
+                pypto.assemble(pypto.mul(wj, scale), [start, j], weights)
         if zero_padding:  # rows active .. tokens - 1: index 0, weight 0
             pypto.set_vec_tile_shapes(rows, k_tile)
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="GATE_PADDING",
