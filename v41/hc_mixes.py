@@ -160,6 +160,13 @@ def _sinkhorn(pypto, logits, passes: int, eps: float, row_last: bool):
     return m
 
 
+def _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc):
+    """FP32 ``[rows, hc * hc]`` Sinkhorn logits ``mm[:, 2hc:] * scale + base`` (one op each)."""
+    return pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
+                                          valid_shape=[valid, hc * hc]), sc_comb),
+                     pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+
+
 def _sinkhorn_stacked(pypto, s, hc: int, passes: int, eps: float, row_last: bool, rows: int):
     """:func:`_sinkhorn` on one ``[hc * rows, hc]`` tile of stacked lanes (row
     ``i * rows + t`` is ``logits[t, i, :]``): the row sums are ``sum(-1)``, the column sums
@@ -324,10 +331,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                 rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
                 mm = pypto.mul(mm, rstd)
             if big:  # the Sinkhorn logits in the gather tasks (a logits task was one more hop)
-                z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
-                                                        valid_shape=[valid, hc * hc]),
-                                             sc_comb),
-                                   pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+                z_comb = _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc)
                 pypto.assemble(z_comb, [start, 0], zg)
             pypto.set_vec_tile_shapes(rows, 32)  # one task a row tile for pre / post
             z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0], valid_shape=[valid, hc]),
@@ -338,10 +342,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                          sc_post),
                                pypto.view(b2, [1, hc], [0, hc]))
             if not big:
-                z_comb = pypto.add(pypto.mul(pypto.view(mm, [rows, hc * hc], [0, 2 * hc],
-                                                        valid_shape=[valid, hc * hc]),
-                                             sc_comb),
-                                   pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
+                z_comb = _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc)
             pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
             pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
             if big:
