@@ -11,7 +11,8 @@ graph interpreter) with cmake in every process; and it reads its compile target 
   :func:`cleanup_run_dir` unless ``V41_KEEP_RUN_DIR=1``.
 * :func:`configure` -- points ``TILE_FWK_OUTPUT_DIR``, ``PYPTO_HOME``,
   ``ASCEND_PROCESS_LOG_PATH`` at the run directory, selects the A5 cost-model json
-  (``TILEFWK_CONFIG_PATH``) and puts the A5 package overlay first on ``sys.path``.
+  (``TILEFWK_CONFIG_PATH``), puts the A5 package overlay first on ``sys.path`` and
+  pypto's host control-flow compiles behind a cache (:mod:`harness.platforms.gxx_cache`).
   Must run before the first ``import pypto`` of the process.
 * The A5 json turns pypto's vector fusion off (``global.pass.enable_vf``): its
   TuneSyncForVF pass fails on gathers in most tilings (``Cannot find GATHER in PIPE_MTE2``)
@@ -40,6 +41,8 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from harness.platforms import gxx_cache
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 A5_PLATFORM_INI = DATA_DIR / "Ascend950PR_9579.ini"
@@ -180,6 +183,7 @@ def configure(run_dir: Path, arch: str = "a5") -> Path | None:
                 f"pypto: already imported from {where} before configure(arch={arch!r}); "
                 f"import pypto only after harness.platforms.pypto_env.configure()")
     os.environ.update(env)
+    gxx_cache.install(cache_root() / "gxx")
     if arch != "a5":
         os.environ.pop("TILEFWK_CONFIG_PATH", None)
     if overlay is not None and str(overlay) not in sys.path:
