@@ -13,14 +13,15 @@ Sinkhorn: EXACTLY ``config.hc.sinkhorn_iters`` passes (the pass count is part of
 pass 1 ``M = softmax_row(logits) + eps; M /= colsum(M) + eps``; passes 2..n
 ``M /= rowsum(M) + eps; M /= colsum(M) + eps`` (``comb[t, in, out]``, rows = in lanes).
 The passes are unrolled at trace time on ``[rows, hc, hc]`` tiles (launches of more than
-SPLIT_K_MAX_ROW_TILES row tiles: on the lanes stacked in one 2-D tile, :func:`_big_comb`).
+SPLIT_K_MAX_ROW_TILES row tiles: on one transposed 2-D tile, :func:`_comb_tile`).
 
 Schedule (FLASH, estimate / roofline): T = 4 / 48 / 192 / 384: 35.7 / 77.0 / 80.3 / 94.6 ->
-31.7 / 65.8 / 49.9 / 77.0 -> 31.7 / 65.8 / 45.2 / 64.7 us (T=192: 6.5x -> 4.0x -> 3.7x).  The
-bound is the AICPU task graph: constants built per row iteration (not once with an edge to
-every iteration), 20 cube tasks an iteration, then the K-tile adds with the Sinkhorn logits
-and one Sinkhorn task a 96 rows on stacked lanes (see the constants below).  At T=192 the
-products end at 46 k cycles, the last adds at 58.5 k, its Sinkhorn task runs 64.6 -> 93.8 k.
+31.7 / 65.8 / 49.9 / 77.0 -> 31.7 / 65.8 / 45.2 / 64.7 -> 31.7 / 65.8 / 33.8 / 52.5 us
+(T=192: 6.5x -> 4.0x -> 3.7x -> 2.7x).  The bound is the AICPU task graph: constants built
+per row iteration (not once with an edge to every iteration), 20 cube tasks an iteration,
+then ONE fused task a 96 rows (:func:`_fused_tile`: K-tile adds, RMS factor, pre / post and
+Sinkhorn; see the constants below).  At T=192 the products end at 46.3 k cycles, the last
+fused task runs 49.4 -> 70.3 k (4.9 k copy-ins, 11 k Sinkhorn, 3.1 k writing comb).
 
 The mean of squares is summed lane by lane (``sum_h sum_d x[h, d]^2``) so that each
 reduction stays inside one ``[rows, D]`` vector tile.
@@ -70,7 +71,9 @@ SPLIT_K_MAX_ROW_TILES = 6
 BIG_ROW_TILE = 96
 # Past 2 * BIG_ROW_TILE tokens, HUGE_ROW_TILE rows: with 96 the runtime ran the iterations two
 # at a time (FLASH T=512 228.9 us, T=1024 481.9, against 211.1 / 426.7 with 8-row tiles);
-# with 192: 188.2 / 321.5 (compile 1.8-2.5 s CPU against 0.6-0.9 at T <= 192).
+# with 192: 188.2 / 321.5 (compile 1.8-2.5 s CPU against 0.6-0.9 at T <= 192).  Each such
+# row tile takes two fused SINKHORN_ROWS tasks (with 96-row tiles and fused tasks FLASH
+# T=384 was 68.1 us against 52.5).
 HUGE_ROW_TILE = 192
 # Cube M tile of those products, with an L0 K step of BIG_CUBE_K: [96, 128] FP32 operands
 # fill 48 KiB of L0A.  With 16 the [96, 1024] products were 6x as many traced cube tiles
@@ -78,36 +81,45 @@ HUGE_ROW_TILE = 192
 # iteration instead of 20 (FLASH T=192 69.6 -> 61.3 us, same bits).
 BIG_CUBE_M = 96
 BIG_CUBE_K = 128
-# The K-tile partials of a one-tile or BIG_ROW_TILE launch go to one scratch row block and
-# come back in one copy per GATHER_ROWS-row vector tile (20 copies of 1.4 k cycles of GM
-# latency each, one after the other, were 30 k of the adding task's 44 k; FLASH T=7 50.1 ->
-# 35.7 us, same bits).  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more
-# (T=48 77.0 -> 130.9 us): those add the products straight from the cube's outputs.  Big
-# launches also scale by the RMS factor on those tiles (one [96, 24] task of 13.4 k cycles
-# before) and compute the Sinkhorn logits there (32-row pieces of a kernel-local tensor read
-# by the Sinkhorn task of the same row iteration: ordered at TINY T=64 and FLASH T=100-384;
-# read by a NESTED Sinkhorn loop, such pieces had left a writer stranded), then one task a
-# row tile computes pre / post.
+# The K-tile partials of a one-tile or big launch go to one scratch row block and come back
+# in one copy per GATHER_ROWS-row vector tile (one a SINKHORN_ROWS chunk in big launches; 20
+# copies of 1.4 k cycles of GM latency each, one after the other, were 30 k of the adding
+# task's 44 k; FLASH T=7 50.1 -> 35.7 us, same bits).  The copy is ``+ -0.0`` (exact for
+# every value, -0.0 too): an ADDS, charged 606 cycles on [96, 480], not the 1,449 of a MULS
+# by 1.0.  Between 2 and SPLIT_K_MAX_ROW_TILES tiles the scratch cost more (T=48 77.0 ->
+# 130.9 us): those add the products straight from the cube's outputs.
 GATHER_ROWS = 32
-# BIG_ROW_TILE launches run Sinkhorn on SINKHORN_ROWS rows a task (unrolled in the row
-# iteration) in ONE 2-D tile: the hc lanes logits[:, i, :] stacked as [hc * rows, hc]
-# (:func:`_big_comb`).  The cost model charges a vector op per 2-D slice (~40-60 cycles of
-# latency, little per byte): on [rows, hc, hc] tiles each op cost rows slices (4-row tasks of
-# 23 k cycles, 48 of them dispatched 60 -> 76 k cycles at FLASH T=192); stacked, the row sums
-# are one sum(-1), the column sums three adds of row blocks and one div by the sum
-# concatenated hc times (UB views / assembles, free): 96 rows in 15.5 k cycles of vector
-# work, plus 5.8 k of lane copy-ins (a UB column view narrower than 32 bytes goes through GM)
-# and 8.3 k to write the lanes back as [rows, 1, hc] (a reshape goes through GM).  FLASH
-# T=192 49.9 -> 45.2 us, T=384 77.0 -> 64.7 (TINY 74.6 -> 55.0), same bits.  Tried: 48- / 24-row
-# tasks (44.4 / 43.7 us, compile 1.6 / 1.9-2.2 s CPU against 0.85-1.1 at T=4), the same in a
-# nested loop (84-85 us), the lanes as four [rows, hc] tiles (33.5 k cycles a task), the
-# result through a [tokens, hc*hc] scratch (cycle in the task graph), a reshaped output
-# (pypto 0.2.0 drops writes to an in-place reshape of an output).  (Before: [sr, hc, hc]
-# tiles, 4 rows a task in a nested loop; 8 rows a task unrolled were 12 tasks of 44.6 k
-# cycles; nested, 2 rows: 50.6 us, 8 rows: 57.5, 1 row: 91.1.)  The logits are read from a
-# kernel-local [tokens, hc*hc] tensor written in the same row iteration (a Sinkhorn loop of
-# its own after the row loop read the first iteration's rows unordered: pypto 0.2.0 tracks a
-# dynamic axis as one cell).
+# Big launches (over SPLIT_K_MAX_ROW_TILES row tiles) take ONE task a SINKHORN_ROWS chunk
+# of the row tile after its products (:func:`_fused_tile`): the partials read back and
+# added, the RMS factor, ``z = mm * scale + base``, pre / post and Sinkhorn, each hop between
+# tasks having cost ~3-6 k cycles of AICPU polling / resolving (FLASH T=192 separate add,
+# pre / post and Sinkhorn tasks: 45.2 us; fused: 33.8).  Its copy-ins (1.4 k cycles of GM
+# latency each, one after another) are the partials and ONE [96, 8 + 2 * mw] block of the
+# kernel-local ``aux``: column 0 the sums of squares (written by their tasks: read straight
+# from them, their last adds joined the fused task as 24 [4, 1] copy-ins), and in each
+# chunk's first row the scale and base rows (built in every row iteration, one subgraph,
+# :func:`_scale_base_rows`).  Sinkhorn runs on the logits transposed (``pypto.transpose``
+# costs 1 cycle) and viewed as ``[hc, hc * rows]``, lane i a row, column ``j * rows + t``
+# (:func:`_sinkhorn_w`): the column sums are one ``sum(-2)``, the row sums three adds of
+# column blocks (the j order of ``sum(-1)``).  The cost model charges a vector op ~40-60
+# cycles of latency and little per byte (and a 3-D op per 2-D slice), so a pass is ~11 ops,
+# ~530 cycles, whatever the rows: 96 rows in 11 k cycles (stacked [4 * 96, 4] lanes, padded
+# to 8 columns: 14.5 k; [hc * hc, 96] with per-lane sums: 13.7 k).  pre / post are
+# transposed too ([2hc, rows] row views; a [rows, hc] column view at column hc went through
+# extra tasks), comb goes back as [rows, hc, hc] through GM (3.1 k).  FLASH T=192 45.2 ->
+# 33.8 us, T=384 64.7 -> 52.5, same bits; TINY T=64 / 150 / 200 now pass the lowered
+# verification (the old big path's pass calculator could not execute ExpandFunction).
+# Tried: Sinkhorn on [4, 4 * rows] built by concatenating views along columns (split into
+# 13 tasks, 56.7 us), comb written by two 3-D transposes (a task of its own, 36.9 us),
+# 96-row fused tiles past 192 tokens (T=384 68.1 us against 52.5), pre / post read from
+# the fused task's product in tasks of their own (they wait for the whole task: 40.7 us).
+# Before (stacked lanes in Sinkhorn tasks of their own): 48- / 24-row tasks 44.4 / 43.7 us
+# but compile 1.6 / 1.9-2.2 s CPU against 0.85-1.1 at T=4, a nested loop 84-85 us, the
+# lanes as four [rows, hc] tiles 33.5 k cycles a task, the result through a
+# [tokens, hc*hc] scratch (cycle in the task graph), a reshaped output (pypto 0.2.0 drops
+# writes to an in-place reshape of an output).  The fused task reads rows written in its
+# own row iteration (a Sinkhorn loop of its own after the row loop read the first
+# iteration's rows unordered: pypto 0.2.0 tracks a dynamic axis as one cell).
 SINKHORN_ROWS = 96
 
 VARIANTS = {
@@ -167,45 +179,59 @@ def _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc):
                      pypto.view(b2, [1, hc * hc], [0, 2 * hc]))
 
 
-def _sinkhorn_stacked(pypto, s, hc: int, passes: int, eps: float, row_last: bool, rows: int):
-    """:func:`_sinkhorn` on one ``[hc * rows, hc]`` tile of stacked lanes (row
-    ``i * rows + t`` is ``logits[t, i, :]``): the row sums are ``sum(-1)``, the column sums
-    the ``hc`` row blocks added in lane order (as ``sum(-2)`` adds them)."""
+def _sinkhorn_w(pypto, s, hc: int, passes: int, eps: float, row_last: bool, n: int):
+    """:func:`_sinkhorn` on one ``[hc, hc * n]`` tile (row ``i``, column ``j * n + t`` is
+    ``logits[t, i, j]``): the column sums are one ``sum(-2)``, the row sums the ``hc``
+    column blocks added in ``j`` order (as ``sum(-1)`` adds them)."""
+    w = hc * n
 
     def rownorm(s):
-        return pypto.div(s, pypto.add(pypto.sum(s, -1, keepdim=True), eps))
+        b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
+        r = b[0]
+        for m in b[1:]:
+            r = pypto.add(r, m)
+        r = pypto.add(r, eps)
+        return pypto.div(s, pypto.concat([r] * hc, 1))
 
     def colnorm(s):
-        b = [pypto.view(s, [rows, hc], [i * rows, 0]) for i in range(hc)]
-        c = b[0]
-        for m in b[1:]:
-            c = pypto.add(c, m)
-        c = pypto.add(c, eps)
-        return pypto.div(s, pypto.concat([c] * hc, 0))
+        c = pypto.add(pypto.sum(s, -2, keepdim=True), eps)
+        return pypto.div(s, pypto.expand_clone(c, [hc, w]))
 
-    e = pypto.exp(pypto.sub(s, pypto.amax(s, -1, keepdim=True)))
-    s = pypto.add(pypto.div(e, pypto.sum(e, -1, keepdim=True)), eps)
+    def rowmax(s):
+        b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
+        r = b[0]
+        for m in b[1:]:
+            r = pypto.maximum(r, m)
+        return pypto.concat([r] * hc, 1)
+
+    def rowsum(s):
+        b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
+        r = b[0]
+        for m in b[1:]:
+            r = pypto.add(r, m)
+        return pypto.concat([r] * hc, 1)
+
+    e = pypto.exp(pypto.sub(s, rowmax(s)))
+    s = pypto.add(pypto.div(e, rowsum(e)), eps)
     s = colnorm(s)
     for _ in range(passes - 1):
         s = rownorm(colnorm(s)) if row_last else colnorm(rownorm(s))
     return s
 
 
-def _big_comb(pypto, zg, sr, valid, hc, passes, eps, row_last, comb, start):
-    """``comb`` rows ``start .. start + sr`` (``valid`` real) of a BIG_ROW_TILE launch from
-    the logits ``zg [tokens, hc * hc]``: one subgraph that copies the ``hc`` lanes
-    ``zg[:, i*hc:..]`` in stacked (row ``i * sr + t`` of one ``[hc * sr, hc]`` tile is
-    ``logits[t, i, :]``), runs Sinkhorn on that tile and writes each lane to
-    ``comb[:, i, :]``."""
-    with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(hc * sr, 32)
-        lanes = [pypto.mul(pypto.view(zg, [sr, hc], [start, i * hc], valid_shape=[valid, hc]),
-                           1.0) for i in range(hc)]  # exact
-        m = _sinkhorn_stacked(pypto, pypto.concat(lanes, 0), hc, passes, eps, row_last, sr)
-        for i in range(hc):
-            mi = pypto.view(m, [sr, hc], [i * sr, 0], valid_shape=[valid, hc])
-            pypto.assemble(pypto.reshape(mi, [sr, 1, hc], valid_shape=[valid, 1, hc]),
-                           [start, i, 0], comb)
+def _comb_tile(pypto, z, sr, valid, hc, passes, eps, row_last, comb, start):
+    """Sinkhorn of the ``[sr, hc * hc]`` logits tile ``z`` (``valid`` real rows) written to
+    ``comb`` rows ``start ..``: transposed (``[hc * hc, sr]``, free in the UB), viewed as
+    ``[hc, hc * sr]`` (lane ``i`` a row, :func:`_sinkhorn_w`), and back as ``[sr, hc, hc]``
+    (that reshape goes through GM: one copy out, one in)."""
+    w = max(sr, hc * hc)
+    pypto.set_vec_tile_shapes(w, hc * w)
+    zt = pypto.reshape(pypto.transpose(z, 0, 1), [hc, hc * sr])
+    m = _sinkhorn_w(pypto, zt, hc, passes, eps, row_last, sr)
+    m = pypto.transpose(pypto.reshape(m, [hc * hc, sr]), 0, 1)
+    pypto.set_vec_tile_shapes(sr, hc, 8)
+    pypto.assemble(pypto.reshape(m, [sr, hc, hc], valid_shape=[valid, hc, hc]),
+                   [start, 0, 0], comb)
 
 
 def _k_tile_products(pypto, flat, fn, rows, valid, k, n):
@@ -220,21 +246,86 @@ def _k_tile_products(pypto, flat, fn, rows, valid, k, n):
         yield q, mm
 
 
-def _gathered_split_k_product(pypto, flat, fn, rows, valid, k, n, parts, start):
+def _gathered_split_k_product(pypto, flat, fn, rows, valid, k, n, parts, start,
+                              gather_rows=GATHER_ROWS):
     """:func:`_split_k_product` with the K-tile products assembled side by side into rows
     ``start ..`` of the scratch ``parts [tokens, nq * n]`` and read back in one copy per
-    ``GATHER_ROWS``-row tile (``* 1.0``: exact), then added in K order from that copy: the
-    same FP32 sums in the same order."""
-    nq = -(-k // MATMUL_K_TILE)
+    ``gather_rows``-row tile (``+ -0.0``: exact), then added in K order from that copy: the
+    same FP32 sums in the same order.  ``gather_rows=None``: products only (the caller
+    reads them back with :func:`_gather_k_tiles`)."""
     for q, mm in _k_tile_products(pypto, flat, fn, rows, valid, k, n):
         pypto.assemble(mm, [start, q * n], parts)
-    pypto.set_vec_tile_shapes(GATHER_ROWS, nq * n)
-    p = pypto.mul(pypto.view(parts, [rows, nq * n], [start, 0], valid_shape=[valid, nq * n]),
-                  1.0)
+    if gather_rows is None:
+        return None
+    pypto.set_vec_tile_shapes(gather_rows, -(-k // MATMUL_K_TILE) * n)
+    return _gather_k_tiles(pypto, parts, rows, valid, -(-k // MATMUL_K_TILE), n, start)
+
+
+def _gather_k_tiles(pypto, parts, rows, valid, nq, n, start):
+    """The K-tile partials of rows ``start ..`` of ``parts``, read back in one copy and
+    added in K order (the vector tile shape is the caller's)."""
+    p = pypto.add(pypto.view(parts, [rows, nq * n], [start, 0], valid_shape=[valid, nq * n]),
+                  -0.0)  # x + -0.0 == x for every x (-0.0 too): one copy-in, an ADDS
     acc = pypto.view(p, [rows, n], [0, 0], valid_shape=[valid, n])
     for q in range(1, nq):
         acc = pypto.add(acc, pypto.view(p, [rows, n], [0, q * n], valid_shape=[valid, n]))
     return acc
+
+
+def _scale_base_rows(pypto, scale, base, aux, starts, hc, mix, mw):
+    """The per-column scale row and the base row into ``aux`` rows ``starts`` (columns 8
+    .. and 8 + mw ..; one subgraph, built in every row iteration), for the fused tasks' one
+    copy-in."""
+    with one_subgraph(pypto):
+        s2 = pypto.reshape(scale, [1, 3])
+        sb = [pypto.expand_clone(pypto.view(s2, [1, 1], [0, g]), [1, w])
+              for g, w in enumerate((hc, hc, hc * hc))]
+        b2 = pypto.add(pypto.reshape(base, [1, mix]), -0.0)
+        for r in starts:
+            for t, c0 in zip(sb, (0, hc, 2 * hc)):
+                pypto.assemble(t, [r, 8 + c0], aux)
+            pypto.assemble(b2, [r, 8 + mw], aux)
+
+
+def _chunk_starts(valid, rows, sr):
+    """Row offsets of the SINKHORN_ROWS chunks of a row tile; a tail's chunks overlap,
+    never empty."""
+    return [(valid - sr).max(0).min(c * sr) for c in range(rows // sr)]
+
+
+def _plus(start, offsets):
+    """``start + o`` for each offset (the jit body may not hold comprehensions)."""
+    return [start + o for o in offsets]
+
+
+def _fused_tile(pypto, parts, aux, rows, valid, nq, n, mw, hc, passes, eps, row_last, rms,
+                start, pre, post, comb):
+    """One task for the ``rows`` (SINKHORN_ROWS) rows ``start ..`` of a big launch: the
+    K-tile partials read back and added, scaled by the RMS factor (``rms = (inv_count,
+    rms_eps)`` or None; the sums of squares from ``aux`` column 0), then ``z = mm * scale
+    row + base row`` (``aux`` row ``start``), pre / post from ``z[:, :2hc]`` and
+    :func:`_comb_tile` on the Sinkhorn logits ``z[:, 2hc:]``: the same FP32 ops, element
+    by element, as the small path's."""
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rows, nq * n)
+        mm = _gather_k_tiles(pypto, parts, rows, valid, nq, n, start)
+        a = pypto.add(pypto.view(aux, [rows, 8 + 2 * mw], [start, 0],
+                                 valid_shape=[valid, 8 + 2 * mw]), -0.0)  # one copy-in (exact)
+        if rms is not None:
+            sq = pypto.view(a, [rows, 1], [0, 0], valid_shape=[valid, 1])
+            rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, rms[0]), rms[1]))
+            mm = pypto.mul(mm, rstd)
+        z = pypto.add(pypto.mul(mm, pypto.view(a, [1, n], [0, 8])),
+                      pypto.view(a, [1, n], [0, 8 + mw]))
+        # pre / post transposed ([2hc, rows]: row views, no narrow column views)
+        sg = _sigmoid(pypto, pypto.transpose(
+            pypto.view(z, [rows, 2 * hc], [0, 0], valid_shape=[valid, 2 * hc]), 0, 1))
+        pt = pypto.add(pypto.view(sg, [hc, rows], [0, 0], valid_shape=[hc, valid]), eps)
+        pypto.assemble(pypto.transpose(pt, 0, 1), [start, 0], pre)
+        qt = pypto.mul(pypto.view(sg, [hc, rows], [hc, 0], valid_shape=[hc, valid]), 2.0)
+        pypto.assemble(pypto.transpose(qt, 0, 1), [start, 0], post)
+        zc = pypto.view(z, [rows, hc * hc], [0, 2 * hc], valid_shape=[valid, hc * hc])
+        _comb_tile(pypto, zc, rows, valid, hc, passes, eps, row_last, comb, start)
 
 
 def _split_k_product(pypto, flat, fn, rows, valid, k, n):
@@ -277,7 +368,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         rows = ROW_TILE
     else:
         rows = HUGE_ROW_TILE if n_tokens > 2 * BIG_ROW_TILE else BIG_ROW_TILE
-    gather = big or row_tiles == 1
+    gather = row_tiles == 1
+    mw = -(-mix // 8) * 8  # aux columns: 0 the sum of squares, 8 .. scale row, 8 + mw .. base
+    rms = (inv_count, rms_eps) if use_rms else None
     nq = -(-hc_dim // MATMUL_K_TILE)
     tile_rows = max(1, min(rows, VEC_TILE_FP32_ELEMS // hidden))
     options = jit_options(runtime_options)
@@ -295,10 +388,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = x_hc.shape[0]
         x2 = pypto.reshape(x_hc, [tokens, hc_dim], inplace=True)
-        if gather:
+        if gather or big:
             parts = pypto.Tensor([tokens, nq * mix], pypto.DT_FP32)  # K-tile partials
         if big:
-            zg = pypto.Tensor([tokens, hc * hc], pypto.DT_FP32)  # Sinkhorn logits
+            # column 0: the sums of squares; in each chunk's first row from column 8 the
+            # scale and base rows (the fused task's one copy-in)
+            aux = pypto.Tensor([tokens, 8 + 2 * mw], pypto.DT_FP32)
         # FP32 operands: L0A holds m0 x k0 and L0B k0 x n0 x 4 bytes, each <= 64 KiB
         m0 = BIG_CUBE_M if big else 16
         k0 = BIG_CUBE_K if big else 256
@@ -312,46 +407,49 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             for h in range(1, hc):
                 xh = pypto.view(flat, [rows, hidden], [0, h * hidden], valid_shape=[valid, hidden])
                 sq = pypto.add(sq, pypto.sum(pypto.mul(xh, xh), -1, keepdim=True))
-            if gather:
-                mm = _gathered_split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix,
-                                               parts, start)  # [rows, mix]
-            else:
-                mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)
-            pypto.set_vec_tile_shapes(min(rows, GATHER_ROWS) if big else rows, 32)
-            # built in every row iteration: built once before the loop, their 2-4 tasks had
-            # an edge to every iteration's consumers (serial resolves of 2.7 k cycles each,
-            # which delayed the first products; FLASH T=192 59.4 -> 49.2 us)
-            s2 = pypto.reshape(scale, [1, 3])
-            b2 = pypto.reshape(base, [1, mix])
-            # per-group scale rows (a [1, 1] operand may broadcast along one axis only)
-            sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
-            sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
-            sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
-            if use_rms:
-                rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
-                mm = pypto.mul(mm, rstd)
-            if big:  # the Sinkhorn logits in the gather tasks (a logits task was one more hop)
-                z_comb = _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc)
-                pypto.assemble(z_comb, [start, 0], zg)
-            pypto.set_vec_tile_shapes(rows, 32)  # one task a row tile for pre / post
-            z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0], valid_shape=[valid, hc]),
-                                        sc_pre),
-                              pypto.view(b2, [1, hc], [0, 0]))
-            z_post = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, hc],
-                                                    valid_shape=[valid, hc]),
-                                         sc_post),
-                               pypto.view(b2, [1, hc], [0, hc]))
-            if not big:
-                z_comb = _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc)
-            pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
-            pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
             if big:
-                sr = SINKHORN_ROWS
-                for c in range(rows // sr):  # unrolled; a tail's chunks overlap, never empty
-                    c0 = (valid - sr).max(0).min(c * sr)
-                    _big_comb(pypto, zg, sr, (valid - c0).min(sr), hc, passes, eps,
-                              row_last, comb, start + c0)
+                # through aux: read inside the fused task, the last adds of the sums of
+                # squares joined it (24 copy-ins of [4, 1])
+                pypto.assemble(sq, [start, 0], aux)
+                _gathered_split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix, parts,
+                                          start, None)
+                pypto.set_vec_tile_shapes(GATHER_ROWS, 32)
+                # built in every row iteration (see below)
+                c0s = _chunk_starts(valid, rows, SINKHORN_ROWS)
+                _scale_base_rows(pypto, scale, base, aux, _plus(start, c0s), hc, mix, mw)
+                for c0 in c0s:  # unrolled
+                    _fused_tile(pypto, parts, aux, SINKHORN_ROWS,
+                                (valid - c0).min(SINKHORN_ROWS), nq, mix, mw, hc, passes, eps,
+                                row_last, rms, start + c0, pre, post, comb)
             else:
+                if gather:
+                    mm = _gathered_split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix,
+                                                   parts, start)  # [rows, mix]
+                else:
+                    mm = _split_k_product(pypto, flat, fn, rows, valid, hc_dim, mix)
+                pypto.set_vec_tile_shapes(rows, 32)
+                # built in every row iteration: built once before the loop, their 2-4 tasks
+                # had an edge to every iteration's consumers (serial resolves of 2.7 k cycles
+                # each, which delayed the first products; FLASH T=192 59.4 -> 49.2 us)
+                s2 = pypto.reshape(scale, [1, 3])
+                b2 = pypto.reshape(base, [1, mix])
+                # per-group scale rows (a [1, 1] operand may broadcast along one axis only)
+                sc_pre = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 0]), [1, hc])
+                sc_post = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 1]), [1, hc])
+                sc_comb = pypto.expand_clone(pypto.view(s2, [1, 1], [0, 2]), [1, hc * hc])
+                if use_rms:
+                    rstd = pypto.rsqrt(pypto.add(pypto.mul(sq, inv_count), rms_eps))
+                    mm = pypto.mul(mm, rstd)
+                pypto.set_vec_tile_shapes(rows, 32)  # one task a row tile for pre / post
+                z_pre = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, 0],
+                                                       valid_shape=[valid, hc]), sc_pre),
+                                  pypto.view(b2, [1, hc], [0, 0]))
+                z_post = pypto.add(pypto.mul(pypto.view(mm, [rows, hc], [0, hc],
+                                                        valid_shape=[valid, hc]), sc_post),
+                                   pypto.view(b2, [1, hc], [0, hc]))
+                z_comb = _comb_logits(pypto, mm, sc_comb, b2, rows, valid, hc)
+                pypto.assemble(pypto.add(_sigmoid(pypto, z_pre), eps), [start, 0], pre)
+                pypto.assemble(pypto.mul(_sigmoid(pypto, z_post), 2.0), [start, 0], post)
                 logits = pypto.reshape(z_comb, [rows, hc, hc], valid_shape=[valid, hc, hc])
                 pypto.set_vec_tile_shapes(1, 16, 32)
                 m = _sinkhorn(pypto, logits, passes, eps, row_last)
