@@ -59,8 +59,24 @@ smaller row tiles the extra tasks cost more than the edges (T=4 210.9 -> 209.0, 
 on the clones' ``[64, q_lora]`` vector tiles instead of ``[64, 1024]`` + ``[64, 256]`` (each
 clone read 8 join tile pairs, a successor edge each; :func:`normalize_q_tile`): T=4 / 48 /
 192 210.9 / 210.2 / 319.6 -> 205.5 / 205.9 / 314.1 us, T=1024 1,182.4 -> 1,180.9 (the same
-fix took ``index_query`` 132.1 -> 102.3 us).  Tried:
-96-row tiles at T=192 (two row tiles, every weight decoded twice) 365.1 us; 64-row
+fix took ``index_query`` 132.1 -> 102.3 us).  The cost model's ready queue is FIFO and
+only the AICPUs of idle cores dispatch; in row tiles over ``CLONE_ROWS`` rows: each weight
+tile (``wq_a``, ``wkv``, each head's ``wq_b``) decoded by ONE task that builds its own E4M3
+table and gathers its scale rows (:func:`v41.rope_heads.decode_rows`), ready when the
+launch starts, so the ``wq_a`` / ``wkv`` decodes leave with the ``MX(x)`` blocks instead of
+44 k cycles later behind the heads' 48 table / scale-row tasks (309.3 us alone); the rope
+factors one task without predecessors (its edges resolved while the decodes run, not while
+the products are dispatched); the q norm's row factor on 16-row tiles (each ``MX(qr)``
+block and each ``qa`` writer get one successor entry per row tile: 240 + 240 -> 120 + 120,
+resolved serially, the blocks had waited 51 k cycles); ``MX(qr)`` groups in ``[256, 32]``
+tiles (65 k instead of 70 k cycles a block): T=192 314.1 -> 282.3 us, T=4 / 48 unchanged
+(their tiles keep the old tasks).  Tried: the row factor copied by one join task (the
+partitioner made the factor one 73.6 k-cycle task: 320.3 us); 64-channel ``MX(qr)`` blocks
+(20 tasks of 38 k cycles, but 41 entries a factor task: 287.7 us); 96-row K partial sums
+for ``wq_a`` / ``wkv`` (294.3 us).  Still bound by the stages in sequence: decodes
+(122 k cycles, copy-in bound), the products (cube cores saturated by copy-in-bound tasks,
+~40 k cycles waiting), ``MX(qr)`` (65 k), the heads' products (~50 k on 28 cube cores).
+Earlier: 96-row tiles at T=192 (two row tiles, every weight decoded twice) 365.1 us; 64-row
 ``wq_a`` / ``wkv`` weight tiles with 32-channel ``MX(qr)`` blocks 394.6 us (no core busy
 for 129 k cycles while the 32 blocks' edges resolved).  Tried on the earlier schedule:
 merging 4 subgraphs (456 us); the sum and cast of each head tile's K-chunk products as one
@@ -107,8 +123,8 @@ qrq           (tokens, q_lora_rank)               bfloat16  out  (scratch: MX(qr
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import (CLONE_ROWS, GROUP_TILE, column_block, column_blocks, mx_rows,
-                             project_heads_tile, store_rope_head, tile_product)
+from v41.rope_heads import (CLONE_ROWS, GROUP_TILE, column_block, column_blocks, decode_rows,
+                             mx_rows, project_heads_tile, store_rope_head, tile_product)
 from v41.subgraph import one_subgraph
 
 # Same-structure vector and cube subgraph pairs of a loop iteration merge into one task each
@@ -120,10 +136,17 @@ N_TILE = 128  # weight output rows decoded per tile
 # MX(x) / MX(qr) column blocks (rope_heads.column_block): ~MX_ELEMS elements, >= MX_COLS
 MX_ELEMS = 192 * 128
 MX_COLS = 128
+# MX(qr) group tiles in row tiles over CLONE_ROWS rows (GROUP_TILE below)
+QR_GROUP_TILE = 256
 # Rows of the vector tiles that add the products' K partials (and, in the head loop, cast,
 # rotate and store): 64 instead of 16 / 8, each tile paying ~1.5 k cycles of DDR copy-in
 # (the 16-row sums made each head tile a 76 k-cycle task at FLASH T=192).
 SUM_TILE_ROWS = 64
+# Rows of the vector tiles of the q norm's row factor (row_rstd): every MX(qr) column block
+# gets a successor edge per row tile, every qa column block's writer one per row tile
+# (8-row tiles: 240 + 240 edges at 192 rows); the column split (1,024) keeps the sums' bits
+# ([32, 1024] FP32 tiles exceed the UB in the sum).
+RSTD_ROWS = 16
 
 VARIANTS = {
     "reference": "the contract",
@@ -179,15 +202,17 @@ def rms_norm_rows(pypto, y32, weight, rows, n, eps, *, apply=True):
     return pypto.mul(pypto.mul(y32, _rstd(pypto, y32, rows, n, eps)), weight)
 
 
-def _rstd(pypto, y32, rows, n, eps):
+def _rstd(pypto, y32, rows, n, eps, tile_rows=8):
     """FP32 ``[rows, 1]``: ``rsqrt(sum(y^2) / n + eps)`` of FP32 rows ``y32 [rows, n]`` (the
-    vector tile is left at ``[min(rows, 8), min(n, 1024)]``)."""
-    pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
+    vector tile is left at ``[min(rows, tile_rows), min(n, 1024)]``; the row tiling leaves
+    each row's sum, so its bits, as it is)."""
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), min(n, 1024))
     ms = pypto.mul(pypto.sum(pypto.mul(y32, y32), -1, keepdim=True), 1.0 / n)
     return pypto.rsqrt(pypto.add(ms, eps))
 
 
-def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, width):
+def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, width,
+                     group_tile=GROUP_TILE):
     """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for columns ``col .. col + width`` of one
     row tile as ONE task on one ``[rows, width]`` vector tile, from the rows' FP32
     ``rsqrt(mean(qa^2) + eps)`` ``rstd [rows, 1]`` (None: no norm, a wrong variant); the
@@ -206,20 +231,30 @@ def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, 
         qr_t = pypto.cast(y, bf16)
         pypto.assemble(pypto.mul(qr_t, 1.0), [start, col], qr)
         qrm = mx_linear.mx_activation_bf16(pypto, pypto.cast(qr_t, fp32), rows, valid, width,
-                                           group_tile_rows=GROUP_TILE, vec_rows=rows)
+                                           group_tile_rows=group_tile, vec_rows=rows)
         pypto.set_vec_tile_shapes(rows, width)
         pypto.assemble(pypto.mul(qrm, 1.0), [start, col], qrq)
 
 
-def row_rstd(pypto, qa, start, rows, valid, eps):
+def row_rstd(pypto, qa, start, rows, valid, eps, tile_rows=8):
     """FP32 ``[rows, 1]``: ``rsqrt(sum(y^2) / n + eps)`` of the rows ``start .. start +
-    valid - 1`` of ``qa [*, n]`` (:func:`_rstd`, :func:`rms_norm_rows`'s row factor), one task."""
+    valid - 1`` of ``qa [*, n]`` (:func:`_rstd`'s operations, :func:`rms_norm_rows`'s row
+    factor) in one subgraph on ``[tile_rows, min(n, 1024)]`` vector tiles."""
     n = qa.shape[1]
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(min(rows, 8), min(n, 1024))
+        pypto.set_vec_tile_shapes(min(rows, tile_rows), min(n, 1024))
         y32 = pypto.cast(pypto.view(qa, [rows, n], [start, 0], valid_shape=[valid, n]),
                          pypto.DT_FP32)
-        return _rstd(pypto, y32, rows, n, eps)
+        return _rstd(pypto, y32, rows, n, eps, tile_rows)
+
+
+def rope_factors_task(pypto, rope_dim, inverse):
+    """:func:`v41.rope_tail.rope_factors` as ONE task without predecessors: ready when the
+    launch starts, so its successor edges are resolved while the first tasks run (as
+    several tasks, the later ones waited behind the loops' tasks in the ready queue and
+    resolved their ~35 edges each while the products were being dispatched)."""
+    with one_subgraph(pypto):
+        return rope_tail.rope_factors(pypto, rope_dim, inverse=inverse)
 
 
 def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply, name):
@@ -231,11 +266,13 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
     so a block equals the whole row's); returns the row tile's ``MX(qr)`` rows as a
     ``[rows, q_lora]`` tile (one join copy after the loop, waiting for every block)."""
     ql = qa.shape[1]
+    big = rows > CLONE_ROWS
     width = column_block(ql, rows, MX_ELEMS, MX_COLS)
-    rstd = row_rstd(pypto, qa, start, rows, valid, eps) if apply else None
+    rstd = (row_rstd(pypto, qa, start, rows, valid, eps, RSTD_ROWS if big else 8) if apply
+            else None)
     for c in column_blocks(pypto, ql // width, name):
         _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
-                         width)
+                         width, QR_GROUP_TILE if big else GROUP_TILE)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), ql)
         return pypto.mul(pypto.view(qrq, [rows, ql], [start, 0], valid_shape=[valid, ql]), 1.0)
@@ -250,9 +287,11 @@ def project_tile(pypto, a, w, ws, out, start, rows, valid, n, k, table, name):
     the last piece unordered)."""
     width = mx_linear.tile_width(n, N_TILE)
     for nt in pypto.loop(n // width, name=name, idx_name="nt"):
-        wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k,
-                                           table=(mx_decode.e4m3_table(pypto) if table is None
-                                                  else table))
+        if table is None:
+            wt = decode_rows(pypto, w, ws, nt * width, width, k)
+        else:
+            wt = mx_linear.mx_weight_tile_bf16(pypto, w, ws, nt * width, 0, width, k,
+                                               table=table)
         y = tile_product(pypto, a, start, rows, valid, wt, width, k, SUM_TILE_ROWS)
         store_columns(pypto, y, out, start, nt * width, rows, valid, width)
 
@@ -318,7 +357,8 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     ):
         tokens = x.shape[0]
         pypto.set_cube_tile_shapes(*cube)
-        factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+        factors = (rope_factors_task(pypto, rd, inverse) if own_tables
+                   else rope_tail.rope_factors(pypto, rd, inverse=inverse))
         for i in pypto.loop((tokens + rows - 1) // rows, name="QKV_ROWS", idx_name="r"):
             start = i * rows
             valid = (tokens - start).min(rows)
@@ -347,6 +387,6 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             project_heads_tile(pypto, qra, wq_b, wq_b_scale, q, start, rows, valid, heads, hd,
                                ql, rope_cos, rope_sin, factors, rd, N_TILE, "QKV_HEADS",
                                tile_rows=SUM_TILE_ROWS, scale_up=scale_up, clone_rows=True,
-                               head_table=own_tables)
+                               head_table=own_tables, own_decode=own_tables)
 
     return qkv_proj_rope

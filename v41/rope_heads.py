@@ -130,9 +130,21 @@ def head_rows(pypto, a, wts, out, start, rows, valid, h, head_dim, k, rope_cos, 
                            [start, col], out)
 
 
+def decode_rows(pypto, w, w_scale, n0, n_tile, k, *, scale_up=False):
+    """BF16 ``[n_tile, k]``: whole rows ``n0 .. n0 + n_tile`` of the FP8 weight ``w`` (all
+    of its ``k`` columns) decoded as ONE task that builds its own E4M3 table and gathers
+    its scale rows (:func:`v41.mx_linear.mx_weight_tile_bf16` with ``one_task``; the same
+    exact values): the task has no predecessor, so it is in the ready queue when the
+    launch starts instead of behind a table task and a scale-row task."""
+    with one_subgraph(pypto):
+        table = mx_decode.e4m3_table(pypto)
+        return mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, n0, 0, n_tile, k,
+                                             scale_up=scale_up, table=table, one_task=True)
+
+
 def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, head_dim, k,
                        rope_cos, rope_sin, factors, rope_dim, n_tile, name, *, tile_rows=None,
-                       scale_up=False, clone_rows=False, head_table=False):
+                       scale_up=False, clone_rows=False, head_table=False, own_decode=False):
     """``out[start : start + valid, h * head_dim ...] = [RoPE([a @ W_h^T])]`` for each head
     ``h`` of the FP8 weight ``W`` (``head_dim`` rows per head, uint8 E4M3 codes, E8M0 32x32
     scales; ``scale_up``: every block scale one binade too large, a wrong variant) over ONE
@@ -149,18 +161,24 @@ def project_heads_tile(pypto, a, w, w_scale, out, start, rows, valid, heads, hea
     and copy tile instead of one per product task (each ~390 AICPU cycles, serial).
     ``head_table``: each head builds its own E4M3 table (:func:`v41.mx_decode.e4m3_table`,
     one small task whose successors are that head's decodes) instead of one table before
-    the loop with every head's decodes as successors."""
+    the loop with every head's decodes as successors.  ``own_decode``: each tile decoded by
+    ONE task with its own table and scale rows (:func:`decode_rows`), ready at the launch's
+    start (``head_table`` then unused)."""
     width = mx_linear.tile_width(head_dim, n_tile)
     if rope_dim > width:
         raise ValueError(f"rope_dim: {rope_dim} exceeds the head tile {width} (the rope tail "
                          f"must lie in a head's last tile)")
-    table = None if head_table else mx_decode.e4m3_table(pypto)
+    table = None if head_table or own_decode else mx_decode.e4m3_table(pypto)
     for h in pypto.loop(heads, name=name, idx_name="h"):
-        if head_table:
-            table = mx_decode.e4m3_table(pypto)
-        wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width, 0,
-                                             width, k, scale_up=scale_up, table=table)
-               for c in range(head_dim // width)]
+        if own_decode:
+            wts = [decode_rows(pypto, w, w_scale, h * head_dim + c * width, width, k,
+                               scale_up=scale_up) for c in range(head_dim // width)]
+        else:
+            if head_table:
+                table = mx_decode.e4m3_table(pypto)
+            wts = [mx_linear.mx_weight_tile_bf16(pypto, w, w_scale, h * head_dim + c * width,
+                                                 0, width, k, scale_up=scale_up, table=table)
+                   for c in range(head_dim // width)]
         src = a
         if clone_rows:
             pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
