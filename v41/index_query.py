@@ -10,7 +10,7 @@ Per active token (brackets mark a BF16 cast, as in the golden):
   over column blocks and one join copy (:func:`v41.rope_heads.mx_row_tile`), then, in the
   same row iteration, every head's FP8 weight tiles are decoded in-kernel (once per row
   tile: once per launch up to ``ROW_TILE`` tokens) and applied to it (cube tiles from
-  :mod:`v41.cube_tiles`; :func:`v41.rope_heads.project_heads_tile`); the last ``rope_dim``
+  :mod:`v41.cube_tiles`; :func:`_fused_heads`); the last ``rope_dim``
   channels of each head are rotated with the token's prepared rope row;
 * ``weights = [[x @ weights_proj] * (Dh^-0.5 * H^-0.5)]``: one BF16 cube matmul with FP32
   accumulation, a BF16 cast, the FP32 scale, a BF16 cast.  (The golden accumulates in FP64
@@ -63,6 +63,20 @@ active) 137.2 -> 105.5; with it the clones pay off in launches of several row ti
 a head) 103.3 us; HEAD_TILE_ROWS 96 104.8; MX_COLS 32 107.6; the rope rows' ``cos @
 expand`` / ``(sin @ expand) * sign`` built once per row tile for every head 114.2; two heads
 per IQ_HEADS iteration sharing one clone 121.9 (the merge paired their stages).
+Each head's chain after the clone was 8 dependent tasks (product, K-partial add + cast,
+``x @ swap`` on the cube, rotation, store ...; ~5-12 k cycles per hop): now
+:func:`_fused_heads` decodes the head's rope rows a second time pair-swapped into the same
+tile (``hd + rd`` rows), so one product yields the swapped tail too, and every vector stage
+after it is one subgraph: FLASH T=4 / 48 / 192 80.3 / 81.1 / 102.3 -> 66.9 / 71.1 / 87.8 us
+(446 -> 284 tasks), (190 active) 105.5 -> 96.6, T=512 (500 active) 258.6 -> 212.0, TINY
+gate 32.4 -> 22.8.  Now the 32 products (25 k cycles each, 28 cube cores: two waves) wait
+for the clones, which start one by one as the join's 65 successor edges resolve (60 k ->
+~90 k).  Tried: the weight swap as ``swap @ W_tail`` on the cube with a second product
+124.4 us; gather + concat of the decoded BF16 rows 142.6; the ``x @ swap`` matmul kept
+between two fused vector subgraphs 98.0; the two products split (128 + 64 columns) 104.3
+(the cube cost is mostly the shared ``[192, q_lora]`` operand); the id constants built
+once before the head loop 89.9; MX_COLS 32 95.2; fused vector tiles of 96 / 48 / 32 rows
+89.0 / 87.8 / 111.2 (192 exceeds the UB).
 
 ABI
 ---
@@ -91,10 +105,11 @@ heads), so there is no ``tp`` dimension.
 # parameter annotations as objects.
 import struct
 
-from v41 import mx_linear, rope_tail
+from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
 from v41.cube_tiles import cube_tiles, row_tile
 from v41.rope_heads import CLONE_ROWS, column_block, mx_row_tile, project_heads_tile
+from v41.subgraph import one_subgraph
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
 # tasks and dependency edges for the AICPU to resolve (the partition only; outputs unchanged).
@@ -117,10 +132,88 @@ N_TILE = 128  # weight output rows decoded per tile
 # 32 / 1024: 85.0 / 100.2 / 128.7)
 MX_ELEMS = 16 * 128
 MX_COLS = 64
-# Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores): FLASH
+# Rows of the vector tiles after each head's product (BF16 cast, rope tail, stores; also
+# :func:`_fused_heads`' one vector subgraph): FLASH
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
 # (32: 127.7 us, 96: 136.3 us); the K partial sums follow (rope_heads.tile_product).
 HEAD_TILE_ROWS = 64
+
+def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, rope_cos,
+                 rope_sin, factors, rd, cube, clone=True):
+    """``out[start : start + valid, h * hd ...] = [RoPE([a @ W_h^T])]`` for every head ``h``
+    (``hd <= N_TILE``): each head decodes ``hd + rd`` weight rows in ONE tile -- its own
+    ``hd`` rows, then its rope rows with each (re, im) pair exchanged (exact row gathers of
+    the E4M3 codes and their E8M0 scale rows) -- with ``clone`` (row tiles over
+    ``CLONE_ROWS`` rows) copies ``a`` (:func:`v41.rope_heads.project_heads_tile`'s
+    ``clone_rows``), multiplies once, and runs every vector stage after the product
+    (K-partial add, BF16 cast, NoPE store, rotation, rope store) in one subgraph: the
+    pair-swapped tail is the product's last ``rd`` columns (column ``j`` of a product
+    depends only on weight row ``j``: the same bits as ``[y_tail] @ swap``), so no ``x @
+    swap`` matmul sits between the vector stages.  Per head 3 dependent tasks (decode ||
+    clone, product, vector) instead of 8."""
+    expand, _, sign = factors
+    nope = hd - rd
+    half = rd // 2
+    kg = k // 32
+    n = hd + rd
+    table = mx_decode.e4m3_table(pypto)
+    tr = min(rows, HEAD_TILE_ROWS)
+    for h in pypto.loop(heads, name="IQ_HEADS", idx_name="h"):
+        # row ids of the decoded tile (built in each head: a constant before the loop has
+        # every head's decode as successor): the head's rows, then its rope rows with each
+        # pair exchanged, and their scale rows
+        pypto.set_vec_tile_shapes(n)
+        jj = pypto.arange(0.0, float(n), 1.0)
+        odd = pypto.sub(jj, pypto.mul(pypto.floor(pypto.mul(jj, 0.5)), 2.0))
+        m = pypto.floor(pypto.mul(pypto.add(jj, 0.5), 1.0 / hd))  # 0: head rows, 1: swapped
+        shift = pypto.mul(m, pypto.add(pypto.mul(odd, -2.0), float(1 - rd)))
+        idf = pypto.add(jj, shift)
+        ids = pypto.cast(idf, pypto.DT_INT32)
+        sids = pypto.cast(pypto.floor(pypto.mul(pypto.add(idf, 0.5), 1.0 / 32)), pypto.DT_INT32)
+        pypto.set_vec_tile_shapes(16, k)
+        codes = pypto.index_select(pypto.view(w, [hd, k], [h * hd, 0]), 0, ids)  # [n, k]
+        pypto.set_vec_tile_shapes(hd // 32, kg)
+        srows = pypto.view(w_scale, [hd // 32, kg], [h * (hd // 32), 0])
+        pypto.set_vec_tile_shapes(16, kg)
+        srep = pypto.index_select(srows, 0, sids)  # [n, kg] uint8, exact
+        with one_subgraph(pypto):
+            wt = mx_linear.whole_row_steps(pypto, codes, srep, table, 0, n, k, 32)
+        pypto.set_cube_tile_shapes(*cube_tiles(rows, mx_linear.k_chunk(k), n, 2))
+        src = a
+        if clone:
+            pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
+            src = pypto.mul(a, 1.0)
+        parts = list(mx_linear.k_partials(pypto, src, 0, rows, valid, wt, n, k))
+        pypto.set_cube_tile_shapes(*cube)
+        cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
+        pypto.set_vec_tile_shapes(tr, half)
+        cos_v = pypto.view(cos_t, [rows, half], [0, 0], valid_shape=[valid, half])
+        sin_v = pypto.view(sin_t, [rows, half], [0, 0], valid_shape=[valid, half])
+        cw = pypto.matmul(cos_v, expand, pypto.DT_FP32)  # [rows, rd]
+        sw = pypto.matmul(sin_v, expand, pypto.DT_FP32)
+        col = h * hd
+        with one_subgraph(pypto):
+            pypto.set_vec_tile_shapes(tr, n)
+            y = parts[0]
+            for mm in parts[1:]:
+                y = pypto.add(y, mm)
+            yb = pypto.cast(y, pypto.DT_BF16)
+            if nope:
+                pypto.set_vec_tile_shapes(tr, nope)
+                # times 1.0 (exact): the store stays in this task (a view's store is a
+                # copy task of its own)
+                pypto.assemble(pypto.mul(pypto.view(yb, [rows, nope], [0, 0],
+                                                    valid_shape=[valid, nope]), 1.0),
+                               [start, col], out)
+            pypto.set_vec_tile_shapes(tr, rd)
+            x32 = pypto.cast(pypto.view(yb, [rows, rd], [0, nope], valid_shape=[valid, rd]),
+                             pypto.DT_FP32)
+            xs = pypto.cast(pypto.view(yb, [rows, rd], [0, hd], valid_shape=[valid, rd]),
+                            pypto.DT_FP32)
+            rot = pypto.cast(pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign))),
+                             pypto.DT_BF16)
+            pypto.assemble(rot, [start, col + nope], out)
+
 
 VARIANTS = {
     "reference": "the contract",
@@ -246,8 +339,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
             # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
             # wq_b_h^T])] for each head
             qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
-            project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
-                               rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
-                               tile_rows=HEAD_TILE_ROWS, clone_rows=clone)
+            if hd <= N_TILE:
+                _fused_heads(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
+                             rope_cos, rope_sin, factors, rd, cube, clone)
+            else:
+                project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads,
+                                   hd, ql, rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
+                                   tile_rows=HEAD_TILE_ROWS, clone_rows=clone)
 
     return index_query

@@ -10,7 +10,7 @@ gather from a table built that way (:func:`table_bytes`, :func:`e4m3_table`):
   E8M0 powers of two (:func:`e8m0_pow2`);
 * :func:`window_rows`: MXFP8 rows (E4M3 codes x E8M0 scale per group) from ``[rows, d]``
   tiles, for the column-block weight tiles of :mod:`v41.mx_linear` (whole rows of a cache
-  or a weight go through :mod:`v41.kv_decode` / ``mx_linear._whole_row_steps``).
+  or a weight go through :mod:`v41.kv_decode` / ``mx_linear.whole_row_steps``).
 
 The powers of two are ``exp(x*ln2)`` (the cost model has no ``exp2`` pipe); a decoded
 product has at most 6 significant bits, so the caller's BF16 cast rounds the ``exp`` error

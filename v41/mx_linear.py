@@ -9,7 +9,7 @@
   uint8 E8M0 code per 32x32 block ``[N/32, K/32]``; it is decoded one ``[n_tile, K]`` row
   tile at a time to exact BF16 ``code value * 2^s`` (the block scale repeated per row by an
   ``index_select`` of the scale rows): whole rows by a gather from an E4M3 value table in
-  one layout (:func:`_whole_row_steps`; FLASH T=192 estimates: o_proj 517 -> 303 us,
+  one layout (:func:`whole_row_steps`; FLASH T=192 estimates: o_proj 517 -> 303 us,
   qkv_proj_rope 1,242 -> 575 us, index_query 472 -> 235 us, shared_expert T=21 788 -> 267
   us), a column block by arithmetic (:func:`v41.mx_decode.window_rows`); no expanded weight
   ever exists beyond one tile.
@@ -78,19 +78,19 @@ def mx_weight_tile_bf16(pypto, w_codes, w_scales, n0, c0, n_tile, k, group=MX_GR
     decoded exactly (``n0``, ``c0``, ``n_tile``, ``k`` multiples of ``group``).
     ``scale_up`` is a deliberately wrong reading (every block scale one binade too large).
     With ``table`` (:func:`v41.mx_decode.e4m3_table`) and whole rows (``c0 = 0``, ``k`` =
-    all of K) the tile is decoded by :func:`_whole_row_steps` as one subgraph (with ``one_task``
+    all of K) the tile is decoded by :func:`whole_row_steps` as one subgraph (with ``one_task``
     the scale-row gather too, in one ``[n_tile, K/32]`` tile: fewer tasks and edges); else
     by the arithmetic :func:`v41.mx_decode.window_rows`."""
     kg = k // group
     if table is not None and c0 == 0 and k == w_codes.shape[1] and one_task:
         with one_subgraph(pypto):
             srep = _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, n_tile)
-            wt = _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
+            wt = whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
     else:
         srep = _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, 16)
         if table is not None and c0 == 0 and k == w_codes.shape[1]:
             with one_subgraph(pypto):
-                wt = _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
+                wt = whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group)
         else:
             pypto.set_vec_tile_shapes(min(n_tile, 16), cols(k))
             codes = pypto.view(w_codes, [n_tile, k], [n0, c0])
@@ -112,7 +112,7 @@ def _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, tile_rows):
     return pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
 
 
-def _whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group):
+def whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group):
     """The decode of :func:`mx_weight_tile_bf16` for whole rows (the caller scopes it as one
     subgraph): they are contiguous, so the codes are read through a ``[N * K/32, 32]`` GM
     reshape and every step runs in the same ``[GROUP_ROWS, 32]`` tiles (one block scale per
