@@ -185,34 +185,25 @@ def _sinkhorn_w(pypto, s, hc: int, passes: int, eps: float, row_last: bool, n: i
     column blocks added in ``j`` order (as ``sum(-1)`` adds them)."""
     w = hc * n
 
-    def rownorm(s):
+    def fold(s, op):  # the hc column blocks combined in j order: [hc, n]
         b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
         r = b[0]
         for m in b[1:]:
-            r = pypto.add(r, m)
-        r = pypto.add(r, eps)
-        return pypto.div(s, pypto.concat([r] * hc, 1))
+            r = op(r, m)
+        return r
+
+    def spread(r):  # [hc, n] back to [hc, hc * n]
+        return pypto.concat([r] * hc, 1)
+
+    def rownorm(s):
+        return pypto.div(s, spread(pypto.add(fold(s, pypto.add), eps)))
 
     def colnorm(s):
         c = pypto.add(pypto.sum(s, -2, keepdim=True), eps)
         return pypto.div(s, pypto.expand_clone(c, [hc, w]))
 
-    def rowmax(s):
-        b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
-        r = b[0]
-        for m in b[1:]:
-            r = pypto.maximum(r, m)
-        return pypto.concat([r] * hc, 1)
-
-    def rowsum(s):
-        b = [pypto.view(s, [hc, n], [0, j * n]) for j in range(hc)]
-        r = b[0]
-        for m in b[1:]:
-            r = pypto.add(r, m)
-        return pypto.concat([r] * hc, 1)
-
-    e = pypto.exp(pypto.sub(s, rowmax(s)))
-    s = pypto.add(pypto.div(e, rowsum(e)), eps)
+    e = pypto.exp(pypto.sub(s, spread(fold(s, pypto.maximum))))
+    s = pypto.add(pypto.div(e, spread(fold(e, pypto.add))), eps)
     s = colnorm(s)
     for _ in range(passes - 1):
         s = rownorm(colnorm(s)) if row_last else colnorm(rownorm(s))
