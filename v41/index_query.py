@@ -153,7 +153,6 @@ def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, ro
     clone, product, vector) instead of 8."""
     expand, _, sign = factors
     nope = hd - rd
-    half = rd // 2
     kg = k // 32
     n = hd + rd
     table = mx_decode.e4m3_table(pypto)
@@ -186,11 +185,8 @@ def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, ro
         parts = list(mx_linear.k_partials(pypto, src, 0, rows, valid, wt, n, k))
         pypto.set_cube_tile_shapes(*cube)
         cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
-        pypto.set_vec_tile_shapes(tr, half)
-        cos_v = pypto.view(cos_t, [rows, half], [0, 0], valid_shape=[valid, half])
-        sin_v = pypto.view(sin_t, [rows, half], [0, 0], valid_shape=[valid, half])
-        cw = pypto.matmul(cos_v, expand, pypto.DT_FP32)  # [rows, rd]
-        sw = pypto.matmul(sin_v, expand, pypto.DT_FP32)
+        cw, sw = rope_tail.expanded_rows(pypto, cos_t, sin_t, expand, rows, valid,
+                                         HEAD_TILE_ROWS)
         col = h * hd
         with one_subgraph(pypto):
             pypto.set_vec_tile_shapes(tr, n)
@@ -210,9 +206,8 @@ def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, ro
                              pypto.DT_FP32)
             xs = pypto.cast(pypto.view(yb, [rows, rd], [0, hd], valid_shape=[valid, rd]),
                             pypto.DT_FP32)
-            rot = pypto.cast(pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign))),
-                             pypto.DT_BF16)
-            pypto.assemble(rot, [start, col + nope], out)
+            pypto.assemble(rope_tail.rotate(pypto, x32, xs, cw, sw, sign), [start, col + nope],
+                           out)
 
 
 VARIANTS = {

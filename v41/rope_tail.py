@@ -57,15 +57,26 @@ def rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim, tile_
     operation for operation (the sign flip and the 0/1 matmuls are exact).  Vector tiles
     of ``tile_rows`` rows."""
     expand, swap, sign = factors
-    half = rope_dim // 2
+    cw, sw = expanded_rows(pypto, cos_t, sin_t, expand, rows, valid, tile_rows)
+    xs = pypto.matmul(tail, swap, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(min(rows, tile_rows), rope_dim)
+    return rotate(pypto, pypto.cast(tail, pypto.DT_FP32), xs, cw, sw, sign)
+
+
+def expanded_rows(pypto, cos_t, sin_t, expand, rows, valid, tile_rows=16):
+    """FP32 ``(c', s')`` ``[rows, rope_dim]``: each pair's cos / sin of the rows repeated
+    (``@ expand``, exact), from ``cos_t`` / ``sin_t`` FP32 ``[rows, half]``."""
+    half = expand.shape[0]
     # re-view: a tensor entering a nested loop's function loses its valid shape
     pypto.set_vec_tile_shapes(min(rows, tile_rows), half)
     cos_v = pypto.view(cos_t, [rows, half], [0, 0], valid_shape=[valid, half])
     sin_v = pypto.view(sin_t, [rows, half], [0, 0], valid_shape=[valid, half])
-    cw = pypto.matmul(cos_v, expand, pypto.DT_FP32)  # [rows, rope_dim]
-    sw = pypto.matmul(sin_v, expand, pypto.DT_FP32)
-    xs = pypto.matmul(tail, swap, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(min(rows, tile_rows), rope_dim)
-    x32 = pypto.cast(tail, pypto.DT_FP32)
-    rot = pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign)))
-    return pypto.cast(rot, pypto.DT_BF16)
+    return (pypto.matmul(cos_v, expand, pypto.DT_FP32),
+            pypto.matmul(sin_v, expand, pypto.DT_FP32))
+
+
+def rotate(pypto, x32, xs, cw, sw, sign):
+    """BF16 ``x c' + x_swap (s' sign)`` of the FP32 tail ``x32``, its pair-exchanged
+    ``xs`` and :func:`expanded_rows`' ``(c', s')``: FP32 math, one BF16 cast."""
+    return pypto.cast(pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign))),
+                      pypto.DT_BF16)
