@@ -7,7 +7,7 @@ Per active token (brackets mark a BF16 cast, as in the golden):
   ``wq_b_h`` the head's ``Dh = index.head_dim`` output rows: ``qr`` is quantized once to
   MXFP8 (activation rule) into the scratch output ``qrq`` one row tile of up to
   ``ROW_TILE`` tokens at a time (the launch's tokens rounded up to 16), by a nested loop
-  over column blocks and one join copy (:func:`v41.rope_heads.mx_row_tile`), then, in the
+  over column blocks and one join copy (:func:`_join_tile`), then, in the
   same row iteration, every head's FP8 weight tiles are decoded in-kernel (once per row
   tile: once per launch up to ``ROW_TILE`` tokens) and applied to it (cube tiles from
   :mod:`v41.cube_tiles`; :func:`_fused_heads`); the last ``rope_dim``
@@ -77,6 +77,24 @@ between two fused vector subgraphs 98.0; the two products split (128 + 64 column
 (the cube cost is mostly the shared ``[192, q_lora]`` operand); the id constants built
 once before the head loop 89.9; MX_COLS 32 95.2; fused vector tiles of 96 / 48 / 32 rows
 89.0 / 87.8 / 111.2 (192 exceeds the UB).
+Then (h25) the AICPU's serial resolves and the vector cores' copy-ins were the bound: the
+rope constants before the loop (sign 65 and expand 64 successors, 25 k cycles each) and
+the E4M3 table (33) held their AICPUs while the join's 65 + 33 edges waited; the decodes
+(58 k cycles, 30 copy-ins of ~1.4 k) started one by one behind the table.  Now each head
+builds its constants (the sign folded into a second expansion) and its table and row ids
+inside its decode task (no predecessors; 12 ``[640, 32]`` decode tiles: 45 k cycles), the
+join writes ``[rows, 320]`` column tiles that the products read directly (no clones: 4
+edges a head, ~33 on each join task), the row iteration merges no vector subgraphs (the
+join tiles resolve on four AICPUs, a head's two 96-row vector tiles run in parallel) and
+each product is one matmul over the whole K in 640-wide L1 pieces (4 copy-ins instead of
+8; :data:`WHOLE_K_PIECES`, FP32 bits change).  FLASH T=4 / 48 / 192 66.9 / 71.1 / 87.8 ->
+52.3 / 53.3 / 67.7 us (3.8x -> 2.95x; 75.7 keeping the K pieces), (190 active) 96.6 ->
+76.0, T=512 (500 active) 209.6 -> 176.3, TINY gate 22.8 -> 19.2.  Left at T=192: the
+decodes and the join's resolves end at ~60-76 k cycles, 32 products of 22.5 k on 28 cube
+cores (two waves, 62 -> 115 k), a vector tile of 6.5 k after a 3-5 k hop (end ~125 k).
+Tried: join tiles of 256 / 160 columns 73.6 / 74.8 us; decode tiles of 768 groups 91.1
+(960 exceeds the UB); 64-row vector tiles 69.8; the head loop's vector tiles merged in
+pairs 71.5; the product's K partials as two cube tasks (no cube merge) 94.3 before the rest.
 
 ABI
 ---
@@ -107,8 +125,8 @@ import struct
 
 from v41 import mx_decode, mx_linear, rope_tail
 from v41.abi import Arg, case_int, jit_options, resolve
-from v41.cube_tiles import cube_tiles, row_tile
-from v41.rope_heads import CLONE_ROWS, column_block, mx_row_tile, project_heads_tile
+from v41.cube_tiles import L1_BYTES, cube_tiles, row_tile
+from v41.rope_heads import CLONE_ROWS, column_block, mx_row_tile, mx_rows, project_heads_tile
 from v41.subgraph import one_subgraph
 
 # Merge pairs of same-structure vector subgraphs of a loop iteration into one task: fewer
@@ -137,56 +155,137 @@ MX_COLS = 64
 # T=192 (190 active) 165.0 -> 126.6 us, tasks 773 -> 472, with 64 instead of 8 / 16 rows
 # (32: 127.7 us, 96: 136.3 us); the K partial sums follow (rope_heads.tile_product).
 HEAD_TILE_ROWS = 64
+# :func:`_fused_heads`: rows of its vector tiles (two tasks a head at 192 rows; 64 rows:
+# three tasks, FLASH T=192 69.8 us against 67.7), groups per tile of its weight decode
+# (``[640, 32]``: 12 tiles of two copy-ins each instead of 15, T=192 71.1 -> 67.7 us;
+# ``[768, 32]`` 91.1, ``[960, 32]`` exceeds the UB), and the columns of the MX(qr) join's
+# ``[rows, 320]`` tiles (:func:`_join_tile`; 256 / 160: 73.6 / 74.8 us)
+FUSED_TILE_ROWS = 96
+DECODE_GROUP_ROWS = 640
+JOIN_COLS = 320
+# True: each head's product is ONE matmul over the whole K with L1 K tiles of a whole
+# :func:`v41.mx_linear.k_chunk` view (640 at FLASH: 4 copy-ins a head instead of 8, one
+# FP32 result for the vector task to read): FLASH T=192 75.7 -> 67.7 us.  It changes the
+# FP32 sums' association (K pieces 640 + 640 instead of 512 + 128 + 512 + 128: 2 of 196,608
+# BF16 q values one ulp apart at FLASH T=48, the harness passes); False keeps the K partial
+# products of :func:`v41.mx_linear.k_partials` and their bits.  TINY (q_lora 64) is one
+# piece either way.
+WHOLE_K_PIECES = True
+
+
+def _join_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop):
+    """``MX(qr)`` of one row tile into ``qrq`` (:func:`v41.rope_heads.mx_rows`), then the
+    rows copied (times 1.0, exact) into the returned ``[rows, q_lora]`` BF16 tile in
+    ``[rows, JOIN_COLS]`` column tiles, each one task (the row loop does not merge vector
+    subgraphs): every ``MX(qr)`` block has one successor, and each head's product reads
+    the join directly (no clone), one edge per join tile and L1 K piece it overlaps --
+    4 at FLASH, so each join task resolves ~33 edges (13 k cycles) on its own AICPU."""
+    ql = qr.shape[1]
+    mx_rows(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rows, mx_linear.k_chunk(ql, JOIN_COLS))
+        return pypto.mul(pypto.view(qrq, [rows, ql], [start, 0], valid_shape=[valid, ql]), 1.0)
+
+
+def _head_rope_consts(pypto, rd, inverse):
+    """FP32 ``(expand, expand_s)`` ``[rd / 2, rd]``, one task without predecessors in the
+    head's iteration (a constant before the loop had all 32 heads' expansions as
+    successors: 64 edges, 25 k serial AICPU cycles that held back other tasks' resolves):
+    ``expand[i, j] = 1`` where ``j // 2 == i`` (``cos @ expand`` repeats each pair's cos,
+    exactly) and ``expand_s`` the same times the rotation's sign of column ``j``
+    (:func:`v41.rope_tail.rope_factors`), so ``sin @ expand_s`` is ``(sin @ expand) *
+    sign`` exactly (one nonzero term a column) and the vector task needs no sign row."""
+    half = rd // 2
+    with one_subgraph(pypto):
+        pypto.set_vec_tile_shapes(rd)
+        j = pypto.arange(0.0, float(rd), 1.0)
+        pair = pypto.floor(pypto.mul(j, 0.5))
+        odd = pypto.sub(j, pypto.mul(pair, 2.0))
+        # sign + 1: 2 on re, 0 on im (inverse); forward the opposite
+        sp1 = pypto.add(pypto.mul(odd, -2.0), 2.0) if inverse else pypto.mul(odd, 2.0)
+        pypto.set_vec_tile_shapes(half)
+        i = pypto.arange(0.0, float(half), 1.0)
+        pypto.set_vec_tile_shapes(half, rd)
+        expand = pypto.where(pypto.eq(pypto.expand_clone(pypto.reshape(i, [half, 1]), [half, rd]),
+                                      pypto.expand_clone(pypto.reshape(pair, [1, rd]),
+                                                         [half, rd])), 1.0, 0.0)
+        # expand * (sign + 1) - expand: the sign on the pair's entries, +0 elsewhere
+        expand_s = pypto.sub(pypto.mul(expand, pypto.expand_clone(pypto.reshape(sp1, [1, rd]),
+                                                                  [half, rd])), expand)
+    return expand, expand_s
+
+
+def _factors(pypto, rd, inverse, fused):
+    """:func:`v41.rope_tail.rope_factors` for rope_heads' path; None for the fused heads
+    (their constants are built in each head, :func:`_head_rope_consts`)."""
+    return None if fused else rope_tail.rope_factors(pypto, rd, inverse=inverse)
+
+
+def _row_pass_options(pypto, fused):
+    """In the row iteration of the fused heads (and its nested loops), no merging of
+    same-structure vector subgraphs: the join's column tiles and the heads' vector tiles
+    each run as their own task, so their successor edges resolve on several AICPUs and the
+    vector tiles run in parallel (FLASH T=192 84.3 -> 67.7 us)."""
+    if fused:
+        pypto.set_pass_options(vec_nbuffer_setting={-2: 1, -1: 1})
+
 
 def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, rope_cos,
-                 rope_sin, factors, rd, cube, clone=True):
+                 rope_sin, rd, cube, inverse):
     """``out[start : start + valid, h * hd ...] = [RoPE([a @ W_h^T])]`` for every head ``h``
-    (``hd <= N_TILE``): each head decodes ``hd + rd`` weight rows in ONE tile -- its own
-    ``hd`` rows, then its rope rows with each (re, im) pair exchanged (exact row gathers of
-    the E4M3 codes and their E8M0 scale rows) -- with ``clone`` (row tiles over
-    ``CLONE_ROWS`` rows) copies ``a`` (:func:`v41.rope_heads.project_heads_tile`'s
-    ``clone_rows``), multiplies once, and runs every vector stage after the product
-    (K-partial add, BF16 cast, NoPE store, rotation, rope store) in one subgraph: the
-    pair-swapped tail is the product's last ``rd`` columns (column ``j`` of a product
-    depends only on weight row ``j``: the same bits as ``[y_tail] @ swap``), so no ``x @
-    swap`` matmul sits between the vector stages.  Per head 3 dependent tasks (decode ||
-    clone, product, vector) instead of 8."""
-    expand, _, sign = factors
+    (``hd <= N_TILE``) from the join tile ``a`` (:func:`_join_tile`, read directly).  Each
+    head's iteration holds three chains that start with the launch: the rope constants
+    (:func:`_head_rope_consts`) and the rope rows' expansions on the cube; ONE decode task
+    (its own E4M3 table, row ids and scale rows: no predecessor) of ``hd + rd`` weight rows
+    -- its own ``hd`` rows, then its rope rows with each (re, im) pair exchanged (exact row
+    gathers of the E4M3 codes and their E8M0 scale rows); then one product, and one vector
+    subgraph per ``FUSED_TILE_ROWS`` rows (BF16 cast, NoPE store, rotation, rope store):
+    the pair-swapped tail is the product's last ``rd`` columns (column ``j`` of a product
+    depends only on weight row ``j``: the same bits as ``[y_tail] @ swap``)."""
     nope = hd - rd
     kg = k // 32
     n = hd + rd
-    table = mx_decode.e4m3_table(pypto)
-    tr = min(rows, HEAD_TILE_ROWS)
+    tr = min(rows, FUSED_TILE_ROWS)
+    kc = mx_linear.k_chunk(k)
+    ct = cube_tiles(rows, kc, n, 2)
+    whole_k = (WHOLE_K_PIECES and (ct[0][1] + ct[2][1]) * kc * 2 <= L1_BYTES
+               and kc % ct[1][0] == 0)
+    if whole_k:  # L1 K tiles of a whole k_chunk view
+        ct = (ct[0], [ct[1][0], kc], ct[2])
     for h in pypto.loop(heads, name="IQ_HEADS", idx_name="h"):
-        # row ids of the decoded tile (built in each head: a constant before the loop has
-        # every head's decode as successor): the head's rows, then its rope rows with each
-        # pair exchanged, and their scale rows
-        pypto.set_vec_tile_shapes(n)
-        jj = pypto.arange(0.0, float(n), 1.0)
-        odd = pypto.sub(jj, pypto.mul(pypto.floor(pypto.mul(jj, 0.5)), 2.0))
-        m = pypto.floor(pypto.mul(pypto.add(jj, 0.5), 1.0 / hd))  # 0: head rows, 1: swapped
-        shift = pypto.mul(m, pypto.add(pypto.mul(odd, -2.0), float(1 - rd)))
-        idf = pypto.add(jj, shift)
-        ids = pypto.cast(idf, pypto.DT_INT32)
-        sids = pypto.cast(pypto.floor(pypto.mul(pypto.add(idf, 0.5), 1.0 / 32)), pypto.DT_INT32)
-        pypto.set_vec_tile_shapes(16, k)
-        codes = pypto.index_select(pypto.view(w, [hd, k], [h * hd, 0]), 0, ids)  # [n, k]
-        pypto.set_vec_tile_shapes(hd // 32, kg)
-        srows = pypto.view(w_scale, [hd // 32, kg], [h * (hd // 32), 0])
-        pypto.set_vec_tile_shapes(16, kg)
-        srep = pypto.index_select(srows, 0, sids)  # [n, kg] uint8, exact
+        expand, expand_s = _head_rope_consts(pypto, rd, inverse)
         with one_subgraph(pypto):
-            wt = mx_linear.whole_row_steps(pypto, codes, srep, table, 0, n, k, 32)
-        pypto.set_cube_tile_shapes(*cube_tiles(rows, mx_linear.k_chunk(k), n, 2))
-        src = a
-        if clone:
-            pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), k)
-            src = pypto.mul(a, 1.0)
-        parts = list(mx_linear.k_partials(pypto, src, 0, rows, valid, wt, n, k))
+            table = mx_decode.e4m3_table(pypto)
+            # row ids of the decoded tile: the head's rows, then its rope rows with each
+            # pair exchanged, and their scale rows
+            pypto.set_vec_tile_shapes(n)
+            jj = pypto.arange(0.0, float(n), 1.0)
+            odd = pypto.sub(jj, pypto.mul(pypto.floor(pypto.mul(jj, 0.5)), 2.0))
+            m = pypto.floor(pypto.mul(pypto.add(jj, 0.5), 1.0 / hd))  # 0: own rows, 1: swapped
+            shift = pypto.mul(m, pypto.add(pypto.mul(odd, -2.0), float(1 - rd)))
+            idf = pypto.add(jj, shift)
+            ids = pypto.cast(idf, pypto.DT_INT32)
+            sids = pypto.cast(pypto.floor(pypto.mul(pypto.add(idf, 0.5), 1.0 / 32)),
+                              pypto.DT_INT32)
+            pypto.set_vec_tile_shapes(16, k)
+            codes = pypto.index_select(pypto.view(w, [hd, k], [h * hd, 0]), 0, ids)  # [n, k]
+            pypto.set_vec_tile_shapes(hd // 32, kg)
+            srows = pypto.view(w_scale, [hd // 32, kg], [h * (hd // 32), 0])
+            pypto.set_vec_tile_shapes(16, kg)
+            srep = pypto.index_select(srows, 0, sids)  # [n, kg] uint8, exact
+            wt = mx_linear.whole_row_steps(pypto, codes, srep, table, 0, n, k, 32,
+                                            group_rows=DECODE_GROUP_ROWS)
+        pypto.set_cube_tile_shapes(*ct)
+        if whole_k:
+            pypto.set_vec_tile_shapes(min(rows, 16), kc)
+            av = pypto.view(a, [rows, k], [0, 0], valid_shape=[valid, k])
+            parts = [pypto.matmul(av, wt, pypto.DT_FP32, b_trans=True)]
+        else:
+            parts = list(mx_linear.k_partials(pypto, a, 0, rows, valid, wt, n, k))
         pypto.set_cube_tile_shapes(*cube)
         cos_t, sin_t = rope_tail.row_views(pypto, rope_cos, rope_sin, start, rows, valid)
         cw, sw = rope_tail.expanded_rows(pypto, cos_t, sin_t, expand, rows, valid,
-                                         HEAD_TILE_ROWS)
+                                         FUSED_TILE_ROWS, expand_sin=expand_s)
         col = h * hd
         with one_subgraph(pypto):
             pypto.set_vec_tile_shapes(tr, n)
@@ -206,8 +305,7 @@ def _fused_heads(pypto, a, w, w_scale, out, start, rows, valid, heads, hd, k, ro
                              pypto.DT_FP32)
             xs = pypto.cast(pypto.view(yb, [rows, rd], [0, hd], valid_shape=[valid, rd]),
                             pypto.DT_FP32)
-            pypto.assemble(rope_tail.rotate(pypto, x32, xs, cw, sw, sign), [start, col + nope],
-                           out)
+            pypto.assemble(rope_tail.rotate(pypto, x32, xs, cw, sw), [start, col + nope], out)
 
 
 VARIANTS = {
@@ -280,7 +378,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     # several row tiles: the MX(qr) blocks unrolled in the row iteration (fewer root
     # functions per stitched submission); one: the nested loop IQ_QRQ
     mx_loop = None if d["tokens"] > rows else "IQ_QRQ"
-    # row tiles of several join-copy tiles: each head copies the join tile first
+    # the fused heads (:func:`_fused_heads`), or rope_heads' tiles for heads over N_TILE
+    # rows, where row tiles of several join-copy tiles have each head copy the join first
+    fused = hd <= N_TILE
     clone = rows > CLONE_ROWS
     cube = cube_tiles(rows, mx_linear.k_chunk(ql), N_TILE, 2)  # BF16 operands
     options = jit_options(runtime_options)
@@ -307,7 +407,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
         else:
             active = num_tokens[0]
         pypto.set_cube_tile_shapes(*cube)
-        factors = rope_tail.rope_factors(pypto, rd, inverse=inverse)
+        factors = _factors(pypto, rd, inverse, fused)
         if zero_padding:  # rows active .. tokens - 1: zeros
             for p in pypto.loop((tokens - active + rows - 1) // rows, name="IQ_PADDING",
                                 idx_name="p"):
@@ -321,6 +421,7 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                                [start, 0], q)
 
         for i in pypto.loop((active + rows - 1) // rows, name="IQ_ROWS", idx_name="r"):
+            _row_pass_options(pypto, fused)
             start = i * rows
             valid = (active - start).min(rows)
             # weights = [[x @ weights_proj] * scale]
@@ -333,11 +434,12 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
                            [start, 0], weights)
             # MX(qr) of the row tile (also to the scratch qrq), then q_h = [RoPE([MX(qr) @
             # wq_b_h^T])] for each head
-            qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
-            if hd <= N_TILE:
+            if fused:
+                qa = _join_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
                 _fused_heads(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads, hd, ql,
-                             rope_cos, rope_sin, factors, rd, cube, clone)
+                             rope_cos, rope_sin, rd, cube, inverse)
             else:
+                qa = mx_row_tile(pypto, qr, qrq, start, rows, valid, mx_cols, mx_loop)
                 project_heads_tile(pypto, qa, wq_b, wq_b_scale, q, start, rows, valid, heads,
                                    hd, ql, rope_cos, rope_sin, factors, rd, N_TILE, "IQ_HEADS",
                                    tile_rows=HEAD_TILE_ROWS, clone_rows=clone)

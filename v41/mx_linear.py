@@ -112,16 +112,17 @@ def _scale_rows(pypto, w_scales, n0, c0, n_tile, kg, group, tile_rows):
     return pypto.index_select(srows, 0, row_ids)  # [n_tile, kg] uint8, exact
 
 
-def whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group):
+def whole_row_steps(pypto, w_codes, srep, table, n0, n_tile, k, group, group_rows=GROUP_ROWS):
     """The decode of :func:`mx_weight_tile_bf16` for whole rows (the caller scopes it as one
     subgraph): they are contiguous, so the codes are read through a ``[N * K/32, 32]`` GM
     reshape and every step runs in the same ``[GROUP_ROWS, 32]`` tiles (one block scale per
     tile row) up to the BF16 result: one gather from the code table, one multiply by the
     power of two.  The arithmetic path reshapes on chip, and each reshape goes through
-    global memory and back."""
+    global memory and back.  ``group_rows``: rows of those tiles (each costs two copy-ins,
+    its codes and its scale column, ~1.4 k cycles whatever the size)."""
     kg = k // group
     n = n_tile * kg
-    t = min(n, GROUP_ROWS)
+    t = min(n, group_rows)
     pypto.set_vec_tile_shapes(t)
     pw = mx_decode.e8m0_pow2(pypto, pypto.reshape(srep, [n]))
     pypto.set_vec_tile_shapes(t, 1)

@@ -63,20 +63,22 @@ def rotate_tail(pypto, tail, cos_t, sin_t, factors, rows, valid, rope_dim, tile_
     return rotate(pypto, pypto.cast(tail, pypto.DT_FP32), xs, cw, sw, sign)
 
 
-def expanded_rows(pypto, cos_t, sin_t, expand, rows, valid, tile_rows=16):
+def expanded_rows(pypto, cos_t, sin_t, expand, rows, valid, tile_rows=16, expand_sin=None):
     """FP32 ``(c', s')`` ``[rows, rope_dim]``: each pair's cos / sin of the rows repeated
-    (``@ expand``, exact), from ``cos_t`` / ``sin_t`` FP32 ``[rows, half]``."""
+    (``@ expand``, exact), from ``cos_t`` / ``sin_t`` FP32 ``[rows, half]``; with
+    ``expand_sin`` (``expand`` times the rotation's sign, exact) ``s'`` carries the sign."""
     half = expand.shape[0]
     # re-view: a tensor entering a nested loop's function loses its valid shape
     pypto.set_vec_tile_shapes(min(rows, tile_rows), half)
     cos_v = pypto.view(cos_t, [rows, half], [0, 0], valid_shape=[valid, half])
     sin_v = pypto.view(sin_t, [rows, half], [0, 0], valid_shape=[valid, half])
     return (pypto.matmul(cos_v, expand, pypto.DT_FP32),
-            pypto.matmul(sin_v, expand, pypto.DT_FP32))
+            pypto.matmul(sin_v, expand if expand_sin is None else expand_sin, pypto.DT_FP32))
 
 
-def rotate(pypto, x32, xs, cw, sw, sign):
+def rotate(pypto, x32, xs, cw, sw, sign=None):
     """BF16 ``x c' + x_swap (s' sign)`` of the FP32 tail ``x32``, its pair-exchanged
-    ``xs`` and :func:`expanded_rows`' ``(c', s')``: FP32 math, one BF16 cast."""
-    return pypto.cast(pypto.add(pypto.mul(x32, cw), pypto.mul(xs, pypto.mul(sw, sign))),
-                      pypto.DT_BF16)
+    ``xs`` and :func:`expanded_rows`' ``(c', s')``: FP32 math, one BF16 cast (``sign``
+    None: ``s'`` already carries it)."""
+    ss = sw if sign is None else pypto.mul(sw, sign)
+    return pypto.cast(pypto.add(pypto.mul(x32, cw), pypto.mul(xs, ss)), pypto.DT_BF16)
