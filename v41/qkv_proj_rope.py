@@ -70,10 +70,26 @@ the products are dispatched); the q norm's row factor on 16-row tiles (each ``MX
 block and each ``qa`` writer get one successor entry per row tile: 240 + 240 -> 120 + 120,
 resolved serially, the blocks had waited 51 k cycles); ``MX(qr)`` groups in ``[256, 32]``
 tiles (65 k instead of 70 k cycles a block): T=192 314.1 -> 282.3 us, T=4 / 48 unchanged
-(their tiles keep the old tasks).  Tried: the row factor copied by one join task (the
-partitioner made the factor one 73.6 k-cycle task: 320.3 us); 64-channel ``MX(qr)`` blocks
-(20 tasks of 38 k cycles, but 41 entries a factor task: 287.7 us); 96-row K partial sums
-for ``wq_a`` / ``wkv`` (294.3 us).  Still bound by the stages in sequence: decodes
+(their tiles keep the old tasks).  In a launch of ONE row tile over ``CLONE_ROWS`` rows
+(h24): ``MX(qr)`` as 20 row-half tasks unrolled in the row iteration (the norm's factor
+and the join copy in the same root function: exact edges; ~10 k cycles less from the
+factor to the blocks) and no vector pair merge (``PASS_OPTIONS_BIG``: the halves stay 20
+tasks of 37 k cycles instead of 10 pairs of 66 k, the heads' decodes one task each):
+T=192 282.3 -> 262.7 us (3.20x -> 2.98x; 481 -> 626 tasks; compile CPU 5.7 -> 8.1 s, the
+unrolled blocks), T=4 / 48 / 1024 unchanged (their builds are not touched).  Each alone:
+halves 273.7 (pairs of halves merged), no merge 270.4.  With 256-row head tiles as well
+(each head's two 128-row decodes and one product of 256 columns: 32 products of 27 k
+cycles instead of 64 of 22 k) 247.1 us, but with 256-column cube tiles the interpreter's
+FP32 sums move 12 of 2.6 M ``q`` values by one BF16 ulp (FLASH T=80 TP4; not taken).  Tried: the
+blocks unrolled whole (merged in pairs: 300.5); 64-row ``wq_a`` / ``wkv`` tiles (the
+products are copy-in bound: 301.0); the row factor copied by a task of its own (merged
+into one 81 k task: 303.3); wide heads reading the join tile without clones (257 entries
+on the join: 298.1); 256-row head tiles concatenated from 128-row decodes (961 tasks:
+319.9); wide heads alone 284.2, with the halves but the merge 273.3.  Tried before: the row factor
+copied by one join task (the partitioner made the factor one 73.6 k-cycle task: 320.3
+us); 64-channel ``MX(qr)`` blocks (20 tasks of 38 k cycles, but 41 entries a factor
+task: 287.7 us); 96-row K partial sums for ``wq_a`` / ``wkv`` (294.3 us).  Still bound
+by the stages in sequence: decodes
 (122 k cycles, copy-in bound), the products (cube cores saturated by copy-in-bound tasks,
 ~40 k cycles waiting), ``MX(qr)`` (65 k), the heads' products (~50 k on 28 cube cores).
 Earlier: 96-row tiles at T=192 (two row tiles, every weight decoded twice) 365.1 us; 64-row
@@ -130,6 +146,10 @@ from v41.subgraph import one_subgraph
 # Same-structure vector and cube subgraph pairs of a loop iteration merge into one task each
 # (partition only, same bits): cube pairs FLASH T=4 187.8 -> 179.2 us, T=192 298.4 -> 294.7.
 PASS_OPTIONS = {"vec_nbuffer_setting": {-2: 1, -1: 2}, "cube_nbuffer_setting": {-1: 2}}
+# One row tile over CLONE_ROWS rows: no vector pair merge (the MX(qr) row halves and the
+# heads' decodes stay one task each instead of pairs: FLASH T=192 273.7 -> 262.7 us with
+# the halves; alone, on the schedule before, 282.3 -> 270.4)
+PASS_OPTIONS_BIG = {"vec_nbuffer_setting": {-2: 1, -1: 1}, "cube_nbuffer_setting": {-1: 2}}
 
 ROW_TILE = 192  # most tokens per row tile (the weights are decoded once per row tile)
 N_TILE = 128  # weight output rows decoded per tile
@@ -212,7 +232,7 @@ def _rstd(pypto, y32, rows, n, eps, tile_rows=8):
 
 
 def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, width,
-                     group_tile=GROUP_TILE):
+                     group_tile=GROUP_TILE, r0=0):
     """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for columns ``col .. col + width`` of one
     row tile as ONE task on one ``[rows, width]`` vector tile, from the rows' FP32
     ``rsqrt(mean(qa^2) + eps)`` ``rstd [rows, 1]`` (None: no norm, a wrong variant); the
@@ -226,7 +246,7 @@ def _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, col, rows, valid, 
         y = pypto.cast(pypto.view(qa, [rows, width], [start, col], valid_shape=[valid, width]),
                        fp32)
         if rstd is not None:
-            r = pypto.view(rstd, [rows, 1], [0, 0], valid_shape=[valid, 1])
+            r = pypto.view(rstd, [rows, 1], [r0, 0], valid_shape=[valid, 1])
             y = pypto.mul(pypto.mul(y, r), qn)
         qr_t = pypto.cast(y, bf16)
         pypto.assemble(pypto.mul(qr_t, 1.0), [start, col], qr)
@@ -270,9 +290,22 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
     width = column_block(ql, rows, MX_ELEMS, MX_COLS)
     rstd = (row_rstd(pypto, qa, start, rows, valid, eps, RSTD_ROWS if big else 8) if apply
             else None)
-    for c in column_blocks(pypto, ql // width, name):
-        _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
-                         width, QR_GROUP_TILE if big else GROUP_TILE)
+    if big and name is not None:
+        # one row tile over CLONE_ROWS rows: each column block as two row halves unrolled
+        # here, the join copy below in the same root function (exact edges), 20 tasks of
+        # 37 k cycles at FLASH T=192 instead of 10 of 65 k; in a loop only the last half of
+        # a block would get an edge.  A half without valid rows is a zero-row view (writes
+        # nothing).
+        h0 = -(-(rows // 2) // 16) * 16
+        halves = ((0, h0, valid.min(h0)), (h0, rows - h0, (valid - h0).max(0)))
+        for c in range(ql // width):
+            for r0, hr, hv in halves:
+                _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start + r0, c * width,
+                                 hr, hv, width, QR_GROUP_TILE, r0)
+    else:
+        for c in column_blocks(pypto, ql // width, name):
+            _norm_mx_columns(pypto, qa, q_norm, qr, qrq, rstd, start, c * width, rows, valid,
+                             width, QR_GROUP_TILE if big else GROUP_TILE)
     with one_subgraph(pypto):
         pypto.set_vec_tile_shapes(min(rows, CLONE_ROWS), ql)
         return pypto.mul(pypto.view(qrq, [rows, ql], [start, 0], valid_shape=[valid, ql]), 1.0)
@@ -334,7 +367,9 @@ def build(config, case: dict | None = None, *, variant: str = "reference",
     tokens_dim = pypto.frontend.dynamic("tokens")
     bf16, fp32 = pypto.DT_BF16, pypto.DT_FP32
 
-    @pypto.frontend.jit(runtime_options=options, pass_options=PASS_OPTIONS)
+    passes = PASS_OPTIONS_BIG if own_tables and not multi else PASS_OPTIONS
+
+    @pypto.frontend.jit(runtime_options=options, pass_options=passes)
     def qkv_proj_rope(
         x: pypto.Tensor([tokens_dim, hidden], pypto.DT_BF16),
         rope_cos: pypto.Tensor([tokens_dim, half], pypto.DT_FP32),
