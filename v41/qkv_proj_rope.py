@@ -281,7 +281,8 @@ def normalize_q_tile(pypto, qa, q_norm, qr, qrq, start, rows, valid, eps, apply,
     """``qr = [RMSNorm(qa)]`` and ``qrq = MX(qr)`` for rows ``start .. start + valid - 1``:
     the rows' norm factor (:func:`row_rstd`, one task), then a nested loop ``name`` over
     column blocks (None: unrolled, as :func:`v41.rope_heads.mx_rows` does for launches of
-    several row tiles), each ONE task writing its block of ``qr`` and ``qrq``
+    several row tiles; a row tile over ``CLONE_ROWS`` rows with a ``name``: each block
+    unrolled as two row halves), each ONE task writing its block of ``qr`` and ``qrq``
     (:func:`_norm_mx_columns`; MX groups and the norm's element operations are per column,
     so a block equals the whole row's); returns the row tile's ``MX(qr)`` rows as a
     ``[rows, q_lora]`` tile (one join copy after the loop, waiting for every block)."""
