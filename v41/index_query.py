@@ -197,18 +197,10 @@ def _head_rope_consts(pypto, rd, inverse):
     sign`` exactly (one nonzero term a column) and the vector task needs no sign row."""
     half = rd // 2
     with one_subgraph(pypto):
-        pypto.set_vec_tile_shapes(rd)
-        j = pypto.arange(0.0, float(rd), 1.0)
-        pair = pypto.floor(pypto.mul(j, 0.5))
-        odd = pypto.sub(j, pypto.mul(pair, 2.0))
+        _, pair, odd = rope_tail.pair_columns(pypto, rd)
         # sign + 1: 2 on re, 0 on im (inverse); forward the opposite
         sp1 = pypto.add(pypto.mul(odd, -2.0), 2.0) if inverse else pypto.mul(odd, 2.0)
-        pypto.set_vec_tile_shapes(half)
-        i = pypto.arange(0.0, float(half), 1.0)
-        pypto.set_vec_tile_shapes(half, rd)
-        expand = pypto.where(pypto.eq(pypto.expand_clone(pypto.reshape(i, [half, 1]), [half, rd]),
-                                      pypto.expand_clone(pypto.reshape(pair, [1, rd]),
-                                                         [half, rd])), 1.0, 0.0)
+        expand = rope_tail.pair_expansion(pypto, pair, rd, half)
         # expand * (sign + 1) - expand: the sign on the pair's entries, +0 elsewhere
         expand_s = pypto.sub(pypto.mul(expand, pypto.expand_clone(pypto.reshape(sp1, [1, rd]),
                                                                   [half, rd])), expand)

@@ -20,6 +20,27 @@ def row_views(pypto, rope_cos, rope_sin, start, rows, valid):
             pypto.view(rope_sin, [rows, half], [start, 0], valid_shape=[valid, half]))
 
 
+def pair_columns(pypto, rope_dim):
+    """FP32 ``(j, pair, odd)`` ``[rope_dim]``: each column's index, its pair ``j // 2`` and
+    ``j % 2`` (1 on a pair's ``im``), from an iota with exact small-integer arithmetic."""
+    pypto.set_vec_tile_shapes(rope_dim)
+    j = pypto.arange(0.0, float(rope_dim), 1.0)
+    pair = pypto.floor(pypto.mul(j, 0.5))
+    return j, pair, pypto.sub(j, pypto.mul(pair, 2.0))
+
+
+def pair_expansion(pypto, pair, rope_dim, tile_rows):
+    """FP32 ``expand [half, rope_dim]``: 1 where ``pair[j] == i``, else 0 (``cos @ expand``
+    repeats each pair's cos, exactly), on vector tiles of ``tile_rows`` rows."""
+    half = rope_dim // 2
+    pypto.set_vec_tile_shapes(half)
+    i = pypto.arange(0.0, float(half), 1.0)
+    pypto.set_vec_tile_shapes(tile_rows, rope_dim)
+    return pypto.where(pypto.eq(pypto.expand_clone(pypto.reshape(i, [half, 1]), [half, rope_dim]),
+                                pypto.expand_clone(pypto.reshape(pair, [1, rope_dim]),
+                                                   [half, rope_dim])), 1.0, 0.0)
+
+
 def rope_factors(pypto, rope_dim, *, inverse=True):
     """Constants of the adjacent-pair rotation of one head's rope tail (``rope_dim``
     channels, ``half`` pairs): ``(expand FP32 [half, rope_dim], swap BF16 [rope_dim,
@@ -29,20 +50,11 @@ def rope_factors(pypto, rope_dim, *, inverse=True):
     (inverse: +1 on ``re``, -1 on ``im``; forward the opposite).  Built in-kernel from an
     iota with exact small-integer FP32 arithmetic (column gathers fail pypto 0.2.0's
     TuneSyncForVF pass here)."""
-    half = rope_dim // 2
-    pypto.set_vec_tile_shapes(rope_dim)
-    j = pypto.arange(0.0, float(rope_dim), 1.0)
-    pair = pypto.floor(pypto.mul(j, 0.5))
-    odd = pypto.sub(j, pypto.mul(pair, 2.0))
+    j, pair, odd = pair_columns(pypto, rope_dim)
     sgn = pypto.add(pypto.mul(odd, -2.0), 1.0)  # +1 re, -1 im
     partner = pypto.add(j, sgn)
     sign = sgn if inverse else pypto.mul(sgn, -1.0)
-    pypto.set_vec_tile_shapes(half)
-    i = pypto.arange(0.0, float(half), 1.0)
-    pypto.set_vec_tile_shapes(min(half, 16), rope_dim)
-    expand = pypto.where(pypto.eq(pypto.expand_clone(pypto.reshape(i, [half, 1]), [half, rope_dim]),
-                                  pypto.expand_clone(pypto.reshape(pair, [1, rope_dim]),
-                                                     [half, rope_dim])), 1.0, 0.0)
+    expand = pair_expansion(pypto, pair, rope_dim, min(rope_dim // 2, 16))
     pypto.set_vec_tile_shapes(min(rope_dim, 16), rope_dim)
     rows = pypto.expand_clone(pypto.reshape(partner, [rope_dim, 1]), [rope_dim, rope_dim])
     cols = pypto.expand_clone(pypto.reshape(j, [1, rope_dim]), [rope_dim, rope_dim])
